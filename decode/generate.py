@@ -1,0 +1,146 @@
+"""Streaming generation with a prefix KV cache: the conversation's earlier tokens stay computed.
+
+``Generator.stream(prompt_ids, ...)`` compares the prompt with the tokens already in
+the KV cache, prefills only the new suffix in one pass, then decodes token by token,
+yielding ``Piece``s (token id + the text it completes).  When the stream ends,
+``Generator.last`` holds the figures of that call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .chat import ChatTemplate
+from .errors import ContextLengthError
+from .model import Model
+from .sampling import GREEDY, Sampler, SamplingParams
+from .tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    token_id: int
+    text: str  # may be "" (a control token, or half of a UTF-8 character)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationStats:
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]  # generated, without the stop token
+    text: str
+    finish_reason: str  # "stop" | "length" | "context_full"
+    cached_tokens: int  # prompt tokens whose KV came from the prefix cache
+    prefill_ms: float  # prefill of the new prompt tokens up to the first logits
+    first_token_ms: float  # prefill + first sampling
+    decode_ms: float  # from the first token to the end
+    decode_tokens: int  # single-token forward passes in decode_ms
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_tokens / (self.decode_ms / 1000) if self.decode_ms > 0 else 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        n = len(self.prompt_ids) - self.cached_tokens
+        return n / (self.prefill_ms / 1000) if self.prefill_ms > 0 else 0.0
+
+
+def common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Generator:
+    """One model and one sequence's KV cache, with its tokenizer and chat template."""
+
+    def __init__(self, model: Model | None = None, model_path=None, n_ctx: int | None = None):
+        self.model = model if model is not None else Model(model_path, n_ctx=n_ctx)
+        self.tokenizer = Tokenizer.from_gguf(self.model.file)
+        self.template = ChatTemplate.from_gguf(self.model.file, self.tokenizer)
+        self.state = self.model.new_state()
+        self.cached: list[int] = []  # token ids whose K/V sit at positions 0..len-1
+        self.last: GenerationStats | None = None
+
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
+
+    def reset(self) -> None:
+        """Forget the conversation (the cache is overwritten from position 0)."""
+        self.cached = []
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        return self.tokenizer.encode(self.template.render(messages, add_generation_prompt))
+
+    def stream(self, prompt_ids, max_tokens: int = 128, sampling: SamplingParams = GREEDY,
+               stop_ids=None) -> Iterator[Piece]:
+        """Yield the generated pieces for ``prompt_ids``; stop at a stop token, ``max_tokens``,
+        or a full context."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if len(prompt_ids) >= self.n_ctx:
+            raise ContextLengthError(
+                f"prompt has {len(prompt_ids)} tokens; the context holds {self.n_ctx} "
+                f"(raise it with n_ctx, up to the model's {self.model.config.context_length})"
+            )
+        stops = self.tokenizer.stop_ids if stop_ids is None else frozenset(stop_ids)
+        sampler = Sampler(sampling)
+        decoder = self.tokenizer.stream_decoder()
+
+        reuse = common_prefix(self.cached, prompt_ids)
+        if reuse == len(prompt_ids):
+            reuse -= 1  # the last prompt token is run again to get its logits
+        self.cached = self.cached[:reuse]
+        t0 = time.perf_counter()
+        logits = self.model.forward(self.state, prompt_ids[reuse:], reuse)
+        self.cached = list(prompt_ids)
+        prefill_ms = (time.perf_counter() - t0) * 1000
+
+        out: list[int] = []
+        pieces: list[str] = []
+        finish = "length"
+        first_ms = 0.0
+        t1 = t0
+        steps = 0  # single-token forward passes after the first token
+        for i in range(max_tokens):
+            tok = sampler(logits, self.cached)
+            if i == 0:
+                t1 = time.perf_counter()
+                first_ms = (t1 - t0) * 1000
+            if tok in stops:
+                finish = "stop"
+                break
+            out.append(tok)
+            text = decoder.feed(tok)
+            pieces.append(text)
+            yield Piece(tok, text)
+            if i == max_tokens - 1:
+                break
+            if len(self.cached) >= self.n_ctx:
+                finish = "context_full"
+                break
+            logits = self.model.forward(self.state, [tok], len(self.cached))
+            self.cached.append(tok)
+            steps += 1
+        tail = decoder.flush()
+        if tail:
+            pieces.append(tail)
+            yield Piece(-1, tail)
+        t2 = time.perf_counter()
+        self.last = GenerationStats(
+            prompt_ids=tuple(prompt_ids), token_ids=tuple(out), text="".join(pieces), finish_reason=finish,
+            cached_tokens=reuse, prefill_ms=prefill_ms, first_token_ms=first_ms,
+            decode_ms=(t2 - t1) * 1000 if steps else 0.0, decode_tokens=steps,
+        )
+
+    def generate(self, prompt_ids, max_tokens: int = 128, sampling: SamplingParams = GREEDY) -> GenerationStats:
+        """Run ``stream`` to the end and return its figures."""
+        for _ in self.stream(prompt_ids, max_tokens, sampling):
+            pass
+        return self.last

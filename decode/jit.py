@@ -1,0 +1,23 @@
+"""What numba compiled in this process: to tell a warm start (cache hits only) from a cold one."""
+
+from __future__ import annotations
+
+from numba.core.registry import CPUDispatcher
+
+
+def _dispatchers():
+    from . import ops, quant
+
+    for mod in (quant, ops):
+        for obj in vars(mod).values():
+            if isinstance(obj, CPUDispatcher):
+                yield obj
+
+
+def compile_counts() -> dict[str, int]:
+    """``{"cache_hits": n, "compiled": m}`` over the decode kernels used so far in this process."""
+    hits = misses = 0
+    for d in _dispatchers():
+        hits += sum(d.stats.cache_hits.values())
+        misses += sum(d.stats.cache_misses.values())
+    return {"cache_hits": hits, "compiled": misses}
