@@ -33,6 +33,9 @@ PARAGRAPH = (
     "lighthouses are automated, their beams controlled by sensors and timers, and satellite navigation "
     "has taken over much of their role. Yet many towers still shine every night, and restored keepers' "
     "cottages welcome visitors who want to understand how people once kept the sea lanes safe. "
+    "Some have become museums, guest houses or research stations that count seabirds and measure the "
+    "weather, and volunteers in many countries raise money to repair their lamps, paint their towers "
+    "and keep their stories alive for the next generation of sailors, historians and curious travellers. "
     "Summarize the paragraph above in one sentence:"
 )
 

@@ -139,8 +139,9 @@ class Generator:
             decode_ms=(t2 - t1) * 1000 if steps else 0.0, decode_tokens=steps,
         )
 
-    def generate(self, prompt_ids, max_tokens: int = 128, sampling: SamplingParams = GREEDY) -> GenerationStats:
+    def generate(self, prompt_ids, max_tokens: int = 128, sampling: SamplingParams = GREEDY,
+                 stop_ids=None) -> GenerationStats:
         """Run ``stream`` to the end and return its figures."""
-        for _ in self.stream(prompt_ids, max_tokens, sampling):
+        for _ in self.stream(prompt_ids, max_tokens, sampling, stop_ids):
             pass
         return self.last

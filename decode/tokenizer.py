@@ -99,9 +99,9 @@ class Tokenizer:
         if model != "gpt2":
             raise ModelFileError(f"unsupported tokenizer model {model!r} in {f.path.name} (supported: gpt2 byte-level BPE)")
         tokens = get("tokenizer.ggml.tokens")
-        merges = get("tokenizer.ggml.merges")
-        if not tokens or merges is None:
-            raise ModelFileError(f"{f.path.name} lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
+        merges = get("tokenizer.ggml.merges", [])
+        if not tokens:
+            raise ModelFileError(f"{f.path.name} lacks tokenizer.ggml.tokens")
         types = get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
         eos = get("tokenizer.ggml.eos_token_id")
         eot = get("tokenizer.ggml.eot_token_id")

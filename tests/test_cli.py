@@ -1,0 +1,117 @@
+"""``wafervox generate``: output contract, bad input (one line, exit 2), warm numba cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gguf import GGMLQuantizationType as T
+from tiny_gguf import write_tiny_llama
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wafervox(*args, timeout=300):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(proc, *needles):
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert lines[0].startswith("wafervox: error: ")
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def default_model_file():
+    from decode import default_model_path
+
+    return default_model_path()
+
+
+def test_generate_json_contract():
+    proc = wafervox("generate", "--prompt", "The capital of France is", "--greedy", "--max-tokens", "8", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for key in ("prompt_ids", "token_ids", "text", "prefill_ms", "decode_tok_s"):
+        assert key in out
+    assert out["prompt_ids"] == [504, 3575, 282, 4649, 314]  # llama.cpp's ids for this prompt
+    assert out["token_ids"][0] == 7042  # " Paris", llama.cpp's greedy choice
+    assert "Paris" in out["text"]
+    assert len(out["token_ids"]) == 8 and out["decode_tok_s"] > 0
+
+
+def test_second_process_does_not_recompile():
+    first = wafervox("generate", "--chat", "--prompt", "Hi", "--greedy", "--max-tokens", "3", "--json")
+    assert first.returncode == 0, first.stderr
+    second = wafervox("generate", "--chat", "--prompt", "Hi", "--greedy", "--max-tokens", "3", "--json")
+    jit = json.loads(second.stdout)["jit"]
+    assert jit["compiled"] == 0 and jit["cache_hits"] > 0, jit
+
+
+def test_chat_streams_text():
+    proc = wafervox("generate", "--chat", "--prompt", "What is 2 plus 2?", "--greedy", "--max-tokens", "24")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()
+    assert "tok/s" in proc.stderr
+
+
+def test_missing_file():
+    assert_one_line_error(wafervox("generate", "--model", "/nonexistent/x.gguf"), "not found", "/nonexistent/x.gguf")
+
+
+def test_not_a_gguf(tmp_path):
+    p = tmp_path / "notes.gguf"
+    p.write_text("hello, I am not a model\n")
+    assert_one_line_error(wafervox("generate", "--model", str(p)), "not a GGUF", "notes.gguf")
+
+
+@pytest.mark.parametrize("nbytes", [3, 1000, 4_000_000])
+def test_truncated_gguf(tmp_path, default_model_file, nbytes):
+    p = tmp_path / "cut.gguf"
+    with open(default_model_file, "rb") as src:
+        p.write_bytes(src.read(nbytes))
+    proc = wafervox("generate", "--model", str(p))
+    assert_one_line_error(proc, "cut.gguf")
+    assert "truncated" in proc.stderr or "not a GGUF" in proc.stderr
+
+
+def test_truncated_in_tensor_data(tmp_path, default_model_file):
+    p = tmp_path / "short.gguf"
+    size = default_model_file.stat().st_size
+    with open(default_model_file, "rb") as src:
+        p.write_bytes(src.read(size - 1000))
+    assert_one_line_error(wafervox("generate", "--model", str(p)), "truncated", "short.gguf")
+
+
+def test_unsupported_architecture(tmp_path):
+    p = tmp_path / "other.gguf"
+    write_tiny_llama(p, arch="gpt2")
+    assert_one_line_error(wafervox("generate", "--model", str(p)), "unsupported architecture", "gpt2")
+
+
+def test_unsupported_quant_type(tmp_path):
+    p = tmp_path / "q5.gguf"
+    write_tiny_llama(p, types={"attn_v": T.Q5_0})
+    assert_one_line_error(wafervox("generate", "--model", str(p)), "unsupported tensor type", "Q5_0")
+
+
+def test_bad_flags_are_one_line_errors():
+    assert_one_line_error(wafervox("generate", "--max-tokens", "0"), "--max-tokens")
+    assert_one_line_error(wafervox("generate", "--top-p", "0"), "top_p")
+
+
+def test_help_explains_generate():
+    proc = wafervox("generate", "--help")
+    assert proc.returncode == 0
+    for flag in ("--prompt", "--chat", "--max-tokens", "--greedy", "--model", "--json"):
+        assert flag in proc.stdout
