@@ -1,0 +1,230 @@
+"""Decode and prefill speed of the numba core vs. llama.cpp on the same GGUF, and vs. the memory roofline.
+
+    .venv/bin/python bench/decode.py [--threads 2] [--rounds 5] [--tokens 64]
+
+Both engines run with the same thread count, greedy, on the same prompts; rounds
+alternate between them so that noise on this shared machine hits both alike.  The
+figures are medians over rounds; ratios are ours / theirs.  llama.cpp runs in its
+own environment (``make bench-env`` builds it, bench/.venv-llamacpp) as a worker
+process driven over a pipe.  The roofline is bytes read per decoded token
+(weights + KV cache) over this machine's read bandwidth, measured here with the
+same thread count.  JIT: the first token of a fresh process is measured in a
+subprocess, once with the numba cache warm and once with an empty cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+PEER_PYTHON = ROOT / "bench" / ".venv-llamacpp" / "bin" / "python"
+
+PREFILL_PROMPT = (
+    "The history of the lighthouse is a story of engineering, commerce and human courage. "
+    "Long before electric lamps, coastal communities lit fires on hilltops to warn ships away from rocks "
+    "and to guide them into safe harbours. The Pharos of Alexandria, built in the third century BC, "
+    "stood for more than a thousand years and became one of the wonders of the ancient world. "
+    "In the eighteenth and nineteenth centuries, as trade across the oceans grew, governments built "
+    "towers along dangerous coasts and staffed them with keepers who trimmed wicks, polished lenses "
+    "and kept logs of passing vessels through long winter nights. The Fresnel lens, invented in 1822, "
+    "concentrated the light of a single flame into a beam that could be seen more than twenty miles "
+    "away, and it transformed the safety of navigation. Keepers and their families often lived in "
+    "isolation for months, rowing to the mainland for supplies when the weather allowed. Today most "
+    "lighthouses are automated, and satellite navigation has taken over much of their role."
+)
+DECODE_PROMPT = "<|im_start|>user\nTell me a long story about a lighthouse keeper.<|im_end|>\n<|im_start|>assistant\n"
+
+PEER_WORKER = r'''
+import json, sys, time
+from llama_cpp import Llama
+model, threads = sys.argv[1], int(sys.argv[2])
+llm = Llama(model_path=model, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads,
+            logits_all=False, verbose=False, use_extra_bufts=False)
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    ids = llm.tokenize(req["text"].encode(), add_bos=False, special=True)
+    llm.reset()
+    t0 = time.perf_counter(); llm.eval(ids); t1 = time.perf_counter()
+    out = {"n_prompt": len(ids), "prefill_s": t1 - t0}
+    if req["decode"]:
+        tok = 198
+        t2 = time.perf_counter()
+        for _ in range(req["decode"]):
+            llm.eval([tok])
+        out["decode_s"] = time.perf_counter() - t2
+    print(json.dumps(out), flush=True)
+'''
+
+
+def read_bandwidth_gbs(threads: int) -> float:
+    """Bytes/s of a streaming read of a 512 MiB array with ``threads`` threads (median of 5)."""
+    import numba
+    import numpy as np
+    from numba import njit, prange
+
+    @njit(parallel=True, fastmath=True)
+    def _sum(a):
+        s = 0.0
+        for i in prange(a.shape[0]):
+            s += a[i]
+        return s
+
+    numba.set_num_threads(threads)
+    a = np.ones(512 * 1024 * 1024 // 4, np.float32)
+    _sum(a)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        _sum(a)
+        times.append(time.perf_counter() - t0)
+    return a.nbytes / statistics.median(times) / 1e9
+
+
+class Ours:
+    def __init__(self, threads: int):
+        import numba
+
+        from decode import Generator
+
+        numba.set_num_threads(threads)
+        self.gen = Generator()
+        self.model = self.gen.model
+        self.run("warm up", decode=4)
+
+    def run(self, text: str, decode: int) -> dict:
+        ids = self.gen.tokenizer.encode(text)
+        state = self.model.new_state()
+        t0 = time.perf_counter()
+        self.model.forward(state, ids, 0)
+        t1 = time.perf_counter()
+        out = {"n_prompt": len(ids), "prefill_s": t1 - t0}
+        if decode:
+            tok, pos = 198, len(ids)
+            t2 = time.perf_counter()
+            for i in range(decode):
+                self.model.forward(state, [tok], pos + i)
+            out["decode_s"] = time.perf_counter() - t2
+        return out
+
+
+class Peer:
+    def __init__(self, model: Path, threads: int):
+        self.proc = subprocess.Popen([str(PEER_PYTHON), "-c", PEER_WORKER, str(model), str(threads)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        json.loads(self.proc.stdout.readline())
+        self.run("warm up", decode=4)
+
+    def run(self, text: str, decode: int) -> dict:
+        self.proc.stdin.write(json.dumps({"text": text, "decode": decode}) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def fresh_process_first_token(cold: bool) -> dict:
+    """``wafervox generate`` in a new process; with ``cold`` numba gets an empty cache dir."""
+    env = dict(os.environ)
+    with tempfile.TemporaryDirectory() as tmp:
+        if cold:
+            env["NUMBA_CACHE_DIR"] = tmp
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "server.cli", "generate", "--prompt", "Hello", "--greedy",
+                               "--max-tokens", "2", "--json"], cwd=ROOT, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(proc.stderr)
+    out = json.loads(proc.stdout)
+    return {"wall_s": wall, "load_ms": out["load_ms"], "first_token_ms": out["first_token_ms"],
+            "compiled": out["jit"]["compiled"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=64, help="decode steps per round")
+    ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp (ratios are not printed)")
+    ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache (compiling) fresh-process run")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    args = ap.parse_args()
+
+    from decode import default_model_path
+
+    model_path = default_model_path()
+    print(f"model {model_path.name}, {args.threads} threads, {args.rounds} rounds, {args.tokens} decode tokens/round",
+          flush=True)
+    ours = Ours(args.threads)
+    peer = None
+    if not args.no_peer:
+        if not PEER_PYTHON.exists():
+            raise SystemExit("llama.cpp environment missing: run `make bench-env` (or pass --no-peer)")
+        peer = Peer(model_path, args.threads)
+
+    res = {"ours": {"decode": [], "prefill": []}, "llama.cpp": {"decode": [], "prefill": []}}
+    engines = [("ours", ours)] + ([("llama.cpp", peer)] if peer else [])
+    n_prefill = 0
+    for r in range(args.rounds):
+        for name, eng in engines if r % 2 == 0 else engines[::-1]:
+            d = eng.run(DECODE_PROMPT, decode=args.tokens)
+            res[name]["decode"].append(args.tokens / d["decode_s"])
+            p = eng.run(PREFILL_PROMPT, decode=0)
+            n_prefill = p["n_prompt"]
+            res[name]["prefill"].append(p["n_prompt"] / p["prefill_s"])
+        print(f"  round {r + 1}/{args.rounds}: ours {res['ours']['decode'][-1]:.1f} tok/s decode", flush=True)
+    if peer:
+        peer.close()
+
+    med = {e: {k: statistics.median(v) for k, v in d.items() if v} for e, d in res.items()}
+    cfg = ours.model.config
+    weight_bytes = ours.model.weights.nbytes
+    kv_read = 2 * cfg.n_layers * cfg.kv_dim * 4 * (len(ours.gen.tokenizer.encode(DECODE_PROMPT)) + args.tokens // 2)
+    bytes_per_token = weight_bytes + kv_read
+    bw = read_bandwidth_gbs(args.threads)
+    roofline = bw * 1e9 / bytes_per_token
+
+    print()
+    print(f"decode  ours {med['ours']['decode']:7.1f} tok/s", end="")
+    if peer:
+        print(f"   llama.cpp {med['llama.cpp']['decode']:7.1f} tok/s   ratio {med['ours']['decode'] / med['llama.cpp']['decode']:.2f}x")
+    else:
+        print()
+    print(f"prefill ours {med['ours']['prefill']:7.1f} tok/s", end="")
+    if peer:
+        print(f"   llama.cpp {med['llama.cpp']['prefill']:7.1f} tok/s   ratio "
+              f"{med['ours']['prefill'] / med['llama.cpp']['prefill']:.2f}x   ({n_prefill}-token prompt)")
+    else:
+        print()
+    achieved = med["ours"]["decode"] * bytes_per_token / 1e9
+    print(f"roofline {bytes_per_token / 1e6:.1f} MB read per token, read bandwidth {bw:.1f} GB/s "
+          f"-> {roofline:.0f} tok/s; ours reads {achieved:.1f} GB/s = {med['ours']['decode'] / roofline:.2f}x of the limit")
+
+    figures = {"threads": args.threads, "rounds": args.rounds, "median": med, "bytes_per_token": bytes_per_token,
+               "read_gb_s": bw, "roofline_tok_s": roofline}
+    warm = fresh_process_first_token(cold=False)
+    print(f"fresh process, warm numba cache: load {warm['load_ms']:.0f} ms, first token {warm['first_token_ms']:.0f} ms, "
+          f"{warm['compiled']} compilations")
+    figures["fresh_warm"] = warm
+    if not args.no_cold:
+        cold = fresh_process_first_token(cold=True)
+        print(f"fresh process, empty numba cache: first token {cold['first_token_ms'] / 1000:.1f} s "
+              f"({cold['compiled']} compilations), whole run {cold['wall_s']:.1f} s")
+        figures["fresh_cold"] = cold
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
