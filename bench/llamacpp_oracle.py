@@ -93,7 +93,7 @@ def main() -> None:
         llm.eval(ids)
         steps = []
         generated = []
-        for step in range(N_STEPS):
+        for _ in range(N_STEPS):
             row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
             top = top_k(row, TOP)
             steps.append({"top": top, "margin": top[0][1] - top[1][1]})
