@@ -183,11 +183,17 @@ def main() -> None:
             p = eng.run(PREFILL_PROMPT, decode=0)
             n_prefill = p["n_prompt"]
             res[name]["prefill"].append(p["n_prompt"] / p["prefill_s"])
-        print(f"  round {r + 1}/{args.rounds}: ours {res['ours']['decode'][-1]:.1f} tok/s decode", flush=True)
+        line = f"  round {r + 1}/{args.rounds}: decode ours {res['ours']['decode'][-1]:.1f}"
+        if peer:
+            line += f" vs llama.cpp {res['llama.cpp']['decode'][-1]:.1f} tok/s"
+        print(line, flush=True)
     if peer:
         peer.close()
 
     med = {e: {k: statistics.median(v) for k, v in d.items() if v} for e, d in res.items()}
+    # paired: ours / theirs within each round, then the median (robust to a noisy round)
+    paired = {k: statistics.median([o / t for o, t in zip(res["ours"][k], res["llama.cpp"][k])]) for k in ("decode", "prefill")
+              if res["llama.cpp"][k]}
     cfg = ours.model.config
     weight_bytes = ours.model.weights.nbytes
     kv_read = 2 * cfg.n_layers * cfg.kv_dim * 4 * (len(ours.gen.tokenizer.encode(DECODE_PROMPT)) + args.tokens // 2)
@@ -198,20 +204,20 @@ def main() -> None:
     print()
     print(f"decode  ours {med['ours']['decode']:7.1f} tok/s", end="")
     if peer:
-        print(f"   llama.cpp {med['llama.cpp']['decode']:7.1f} tok/s   ratio {med['ours']['decode'] / med['llama.cpp']['decode']:.2f}x")
+        print(f"   llama.cpp {med['llama.cpp']['decode']:7.1f} tok/s   ratio {paired['decode']:.2f}x (median of per-round ratios)")
     else:
         print()
     print(f"prefill ours {med['ours']['prefill']:7.1f} tok/s", end="")
     if peer:
-        print(f"   llama.cpp {med['llama.cpp']['prefill']:7.1f} tok/s   ratio "
-              f"{med['ours']['prefill'] / med['llama.cpp']['prefill']:.2f}x   ({n_prefill}-token prompt)")
+        print(f"   llama.cpp {med['llama.cpp']['prefill']:7.1f} tok/s   ratio {paired['prefill']:.2f}x   ({n_prefill}-token prompt)")
     else:
         print()
     achieved = med["ours"]["decode"] * bytes_per_token / 1e9
     print(f"roofline {bytes_per_token / 1e6:.1f} MB read per token, read bandwidth {bw:.1f} GB/s "
           f"-> {roofline:.0f} tok/s; ours reads {achieved:.1f} GB/s = {med['ours']['decode'] / roofline:.2f}x of the limit")
 
-    figures = {"threads": args.threads, "rounds": args.rounds, "median": med, "bytes_per_token": bytes_per_token,
+    figures = {"threads": args.threads, "rounds": args.rounds, "median": med, "paired_ratio": paired if peer else None,
+               "bytes_per_token": bytes_per_token,
                "read_gb_s": bw, "roofline_tok_s": roofline}
     warm = fresh_process_first_token(cold=False)
     print(f"fresh process, warm numba cache: load {warm['load_ms']:.0f} ms, first token {warm['first_token_ms']:.0f} ms, "
