@@ -1,0 +1,45 @@
+"""A private PulseAudio server with two null sinks, for exercising the sounddevice path for real.
+
+``wvx_mic``: tests play speech into it; its monitor is the default source (our microphone).
+``wvx_spk``: the default sink (our speaker); tests record its monitor.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+
+class PulseServer:
+    def __init__(self):
+        if not shutil.which("pulseaudio") or not shutil.which("pactl"):
+            raise RuntimeError("pulseaudio not installed: apt-get install pulseaudio pulseaudio-utils libasound2-plugins")
+        self.runtime = tempfile.mkdtemp(prefix="wvx-pulse-")
+        self.env = {**os.environ, "XDG_RUNTIME_DIR": self.runtime, "PULSE_RUNTIME_PATH": os.path.join(self.runtime, "pulse")}
+        subprocess.run(["pulseaudio", "--daemonize=yes", "--exit-idle-time=-1", "-n", "--disallow-exit",
+                        "--load=module-native-protocol-unix", "--load=module-null-sink sink_name=wvx_spk",
+                        "--load=module-null-sink sink_name=wvx_mic"], env=self.env, check=True, capture_output=True, timeout=20)
+        deadline = time.monotonic() + 10
+        while subprocess.run(["pactl", "info"], env=self.env, capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("pulseaudio did not come up")
+            time.sleep(0.1)
+        self.pactl("set-default-sink", "wvx_spk")
+        self.pactl("set-default-source", "wvx_mic.monitor")
+
+    def pactl(self, *args):
+        return subprocess.run(["pactl", *args], env=self.env, check=True, capture_output=True, text=True, timeout=10)
+
+    def play(self, wav) -> subprocess.Popen:
+        return subprocess.Popen(["paplay", "--device=wvx_mic", str(wav)], env=self.env)
+
+    def record(self, path, rate=22050) -> subprocess.Popen:
+        return subprocess.Popen(["parec", "--device=wvx_spk.monitor", "--file-format=wav", f"--rate={rate}",
+                                 "--channels=1", "--format=s16le", str(path)], env=self.env)
+
+    def close(self):
+        subprocess.run(["pulseaudio", "--kill"], env=self.env, capture_output=True, timeout=10)
+        shutil.rmtree(self.runtime, ignore_errors=True)

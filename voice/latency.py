@@ -1,0 +1,145 @@
+"""Per-turn latency: raw timestamps on one clock, spans derived from them, the budget verdict,
+and the summary over a session (DESIGN.md, "Latency: what is measured").
+
+A ``TurnTrace`` is filled while a turn runs (``mark``); ``report()`` freezes it into a
+``TurnReport`` whose ``*_ms`` figures are differences of the stored timestamps, so they
+add up: ``endpoint + asr + first_phrase + tts_first_audio + hold = voice_to_voice``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+#: Timestamps a turn records, in the order a turn normally passes them.
+MARKS = (
+    "speech_start",  # first voiced sample of the user (audio time)
+    "last_voiced",  # last voiced sample of the user (audio time)
+    "endpoint",  # speech_stopped decided
+    "transcript",  # final transcript available (earlier than endpoint when speculative)
+    "first_token",  # first generated token
+    "first_phrase",  # first speakable phrase handed to TTS
+    "tts_first_audio",  # first PCM chunk of the answer out of TTS
+    "answer_audio",  # first sample of the answer played
+    "first_audio",  # first sample of any agent audio (an acknowledgement counts here)
+    "done",  # last answer sample handed to the output, or the turn was cut
+)
+
+STAGES = ("endpoint_ms", "asr_ms", "llm_first_token_ms", "first_phrase_ms", "tts_first_audio_ms", "hold_ms",
+          "voice_to_voice_ms", "first_audio_ms")
+
+
+@dataclass(slots=True)
+class TurnTrace:
+    turn: int
+    budget_ms: float
+    stamps: dict[str, float] = field(default_factory=dict)
+    mitigations: list[str] = field(default_factory=list)
+    transcript: str = ""
+    reply: str = ""
+    barge_in: bool = False
+
+    def mark(self, name: str, t: float, overwrite: bool = False) -> None:
+        if name not in MARKS:
+            raise KeyError(f"unknown mark {name!r}")
+        if overwrite or name not in self.stamps:
+            self.stamps[name] = t
+
+    def mitigate(self, what: str) -> None:
+        if what not in self.mitigations:
+            self.mitigations.append(what)
+
+    @property
+    def deadline(self) -> float | None:
+        lv = self.stamps.get("last_voiced")
+        return None if lv is None else lv + self.budget_ms / 1000
+
+    def report(self) -> TurnReport:
+        return TurnReport(turn=self.turn, transcript=self.transcript, reply=self.reply, budget_ms=self.budget_ms,
+                          stamps=dict(self.stamps), mitigations=tuple(self.mitigations), barge_in=self.barge_in)
+
+
+def _span(stamps, a, b):
+    if a in stamps and b in stamps:
+        return (stamps[b] - stamps[a]) * 1000
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnReport:
+    turn: int
+    transcript: str
+    reply: str
+    budget_ms: float
+    stamps: dict
+    mitigations: tuple[str, ...]
+    barge_in: bool
+
+    @property
+    def latency_ms(self) -> dict[str, float | None]:
+        s = self.stamps
+        return {
+            "endpoint_ms": _span(s, "last_voiced", "endpoint"),
+            "asr_ms": _span(s, "endpoint", "transcript"),
+            "llm_first_token_ms": _span(s, "transcript", "first_token"),
+            "first_phrase_ms": _span(s, "transcript", "first_phrase"),
+            "tts_first_audio_ms": _span(s, "first_phrase", "tts_first_audio"),
+            "hold_ms": _span(s, "tts_first_audio", "answer_audio"),
+            "voice_to_voice_ms": _span(s, "last_voiced", "answer_audio"),
+            "first_audio_ms": _span(s, "last_voiced", "first_audio"),
+        }
+
+    @property
+    def voice_to_voice_ms(self) -> float | None:
+        return self.latency_ms["voice_to_voice_ms"]
+
+    @property
+    def within_budget(self) -> bool:
+        v = self.voice_to_voice_ms
+        return v is not None and v <= self.budget_ms
+
+    @property
+    def overrun_ms(self) -> float:
+        v = self.voice_to_voice_ms
+        return math.inf if v is None else max(0.0, v - self.budget_ms)
+
+    @property
+    def mitigation(self) -> str:
+        return ",".join(self.mitigations) if self.mitigations else "none"
+
+    def to_dict(self) -> dict:
+        lat = {k: (None if v is None else round(v, 1)) for k, v in self.latency_ms.items()}
+        return {
+            "turn": self.turn,
+            "transcript": self.transcript,
+            "reply": self.reply,
+            "latency_ms": lat,
+            "budget_ms": self.budget_ms,
+            "within_budget": self.within_budget,
+            "overrun_ms": None if math.isinf(self.overrun_ms) else round(self.overrun_ms, 1),
+            "mitigation": self.mitigation,
+            "barge_in": self.barge_in,
+        }
+
+
+def percentile(values, q: float) -> float | None:
+    vals = sorted(v for v in values if v is not None)
+    if not vals:
+        return None
+    k = (len(vals) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return vals[lo] + (vals[hi] - vals[lo]) * (k - lo)
+
+
+def summarize(reports: list[TurnReport]) -> dict:
+    """p50/p95 of every stage and the budget hit rate over ``reports``."""
+    out = {"turns": len(reports)}
+    for stage in STAGES:
+        vals = [r.latency_ms[stage] for r in reports]
+        p50, p95 = percentile(vals, 0.5), percentile(vals, 0.95)
+        out[stage] = {"p50": None if p50 is None else round(p50, 1), "p95": None if p95 is None else round(p95, 1)}
+    answered = [r for r in reports if r.voice_to_voice_ms is not None]
+    out["within_budget"] = sum(r.within_budget for r in reports)
+    out["budget_hit_rate"] = round(out["within_budget"] / len(reports), 3) if reports else None
+    out["answered"] = len(answered)
+    return out

@@ -1,0 +1,75 @@
+"""The LLM stage: the decode core behind ``TokenStream``, holding the conversation.
+
+The system prompt (a persona with the facts the answers must use) and a few example
+exchanges open the conversation; ``warmup()`` prefills them once, so every turn only
+prefills its own new tokens (the decode core's prefix KV cache keeps the rest).
+``reply(user_text)`` streams the answer; ``commit(user_text, spoken)`` records what was
+actually said (after a barge-in, only the part the user heard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from decode import GREEDY, Generator, SamplingParams
+
+DEFAULT_SYSTEM = (
+    "You are the friendly phone assistant of Bright Bakery. Answer in one short sentence using these facts.\n"
+    "Opening hours: 7 am to 6 pm, Tuesday to Sunday.\nMondays: closed.\nAddress: 12 Harbor Street.\n"
+    "Sourdough loaf: 5 dollars.\nCroissant: 2 dollars.\nDelivery: free for orders over 30 dollars.\nOwner: Maria."
+)
+DEFAULT_EXAMPLES = (
+    ("What are your hours?", "We are open from 7 am to 6 pm, Tuesday to Sunday."),
+    ("How much is a croissant?", "A croissant costs 2 dollars."),
+    ("Where can I find you?", "We are at 12 Harbor Street."),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Persona:
+    system: str = DEFAULT_SYSTEM
+    examples: tuple[tuple[str, str], ...] = DEFAULT_EXAMPLES
+
+    def opening(self) -> list[dict]:
+        msgs = [{"role": "system", "content": self.system}]
+        for q, a in self.examples:
+            msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        return msgs
+
+
+@dataclass
+class LLMConversation:
+    """A ``TokenStream`` over our numba decode core."""
+
+    generator: Generator
+    persona: Persona = field(default_factory=Persona)
+    max_tokens: int = 48
+    sampling: SamplingParams = GREEDY
+    history: list[dict] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.history:
+            self.history = self.persona.opening()
+
+    def warmup(self) -> None:
+        """Prefill the persona and examples (and compile/load the kernels)."""
+        ids = self.generator.encode_chat(self.history, add_generation_prompt=False)
+        for _ in self.generator.stream(ids, max_tokens=1, sampling=self.sampling):
+            pass
+
+    def prompt_ids(self, user_text: str) -> list[int]:
+        return self.generator.encode_chat(self.history + [{"role": "user", "content": user_text}])
+
+    def reply(self, user_text: str) -> Iterator[str]:
+        """Text pieces of the answer; the first ``next()`` pays the prefill of the new tokens."""
+        for piece in self.generator.stream(self.prompt_ids(user_text), max_tokens=self.max_tokens, sampling=self.sampling):
+            if piece.text:
+                yield piece.text
+
+    def commit(self, user_text: str, spoken: str) -> None:
+        """Record the turn as it was heard."""
+        self.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": spoken.strip()}]
+
+    def reset(self) -> None:
+        self.history = self.persona.opening()
