@@ -76,6 +76,152 @@ def cmd_generate(args) -> int:
     return 0
 
 
+STAGE_LABELS = (("endpoint_ms", "endpoint"), ("asr_ms", "asr"), ("llm_first_token_ms", "llm 1st tok"),
+                ("first_phrase_ms", "1st phrase"), ("tts_first_audio_ms", "tts 1st audio"), ("hold_ms", "hold"),
+                ("voice_to_voice_ms", "VOICE-TO-VOICE"), ("first_audio_ms", "first audio"))
+
+
+def _fmt_ms(v):
+    return "-" if v is None else f"{v:.0f}"
+
+
+def _print_turn(console, r) -> None:
+    from rich.table import Table
+
+    lat = r.latency_ms
+    verdict = "[green]within budget[/]" if r.within_budget else f"[red]over by {r.overrun_ms:.0f} ms[/]"
+    console.print(f"[bold]turn {r.turn}[/]  user: {r.transcript!r}")
+    console.print(f"        agent: {r.reply!r}" + ("  [yellow](barge-in: cut)[/]" if r.barge_in else ""))
+    t = Table(show_header=True, header_style="dim", box=None, padding=(0, 1))
+    for _, label in STAGE_LABELS:
+        t.add_column(label, justify="right")
+    t.add_row(*(_fmt_ms(lat[k]) for k, _ in STAGE_LABELS))
+    console.print(t)
+    console.print(f"        {verdict} (budget {r.budget_ms:.0f} ms), mitigation: {r.mitigation}\n")
+
+
+def _print_summary(console, summary) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{summary['turns']} turns, {summary['within_budget']} within budget "
+                    f"(hit rate {summary['budget_hit_rate']})", header_style="bold")
+    t.add_column("stage")
+    t.add_column("p50 ms", justify="right")
+    t.add_column("p95 ms", justify="right")
+    for key, label in STAGE_LABELS:
+        t.add_row(label, _fmt_ms(summary[key]["p50"]), _fmt_ms(summary[key]["p95"]))
+    console.print(t)
+
+
+def _loop_config(args):
+    from voice.loop import LoopConfig
+
+    if args.budget_ms <= 0:
+        raise CLIError("--budget-ms must be > 0")
+    return LoopConfig(budget_ms=args.budget_ms, speculative=not args.no_speculative, ack=args.ack)
+
+
+def _engines(args, console):
+    from voice.engines import EngineOptions, load_engines
+
+    with console.status("loading engines") as status:
+        engines, times = load_engines(EngineOptions(tts=args.tts, model=args.model), progress=status.update)
+    console.print(f"[dim]engines ready: asr {times['asr_ms']:.0f} ms, llm {times['llm_ms']:.0f} ms, "
+                  f"tts {times['tts_ms']:.0f} ms[/]")
+    return engines
+
+
+def cmd_run(args) -> int:
+    from rich.console import Console
+
+    from voice.audio import BufferSink, read_wav, write_wav
+    from voice.latency import summarize
+    from voice.session import conversation_files, play_conversation
+
+    console = Console(stderr=args.json)
+    config = _loop_config(args)
+    if args.wav:
+        files = [Path(f) for f in args.wav]
+    else:
+        try:
+            files = conversation_files(args.conversation)
+        except (KeyError, FileNotFoundError) as exc:
+            raise CLIError(str(exc).strip("'\"")) from None
+    for f in files:
+        read_wav(f)  # a bad file is reported before the engines load
+    engines = _engines(args, console)
+    console.print(f"playing {len(files)} file(s) {'in real time' if args.realtime else 'as fast as possible (virtual clock)'}, "
+                  f"budget {config.budget_ms:.0f} ms\n")
+
+    def on_report(r):
+        if args.json:
+            print(json.dumps(r.to_dict()), flush=True)
+        else:
+            _print_turn(console, r)
+
+    sink = BufferSink(engines.tts.sample_rate)
+    reports, loop = play_conversation(engines, files, realtime=args.realtime, config=config, on_report=on_report, sink=sink)
+    summary = summarize(reports)
+    if args.json:
+        print(json.dumps({"summary": summary}))
+    else:
+        _print_summary(console, summary)
+    if args.save_audio:
+        out = Path(args.save_audio)
+        write_wav(out / "agent.wav", sink.render(), sink.rate)
+        console.print(f"agent audio written to {out / 'agent.wav'}")
+    if args.plot:
+        from voice.plot import waterfall
+
+        waterfall(reports, args.plot)
+        console.print(f"latency waterfall written to {args.plot}")
+    return 0
+
+
+def cmd_mic(args) -> int:
+    from rich.console import Console
+
+    from voice.clock import RealClock
+    from voice.devices import Microphone, Speaker
+    from voice.latency import summarize
+    from voice.loop import VoiceLoop
+
+    console = Console(stderr=args.json)
+    config = _loop_config(args)
+    engines = _engines(args, console)
+    mic = Microphone(rate=16000)
+    speaker = Speaker(engines.tts.sample_rate)
+
+    def on_report(r):
+        if args.json:
+            print(json.dumps(r.to_dict()), flush=True)
+        else:
+            _print_turn(console, r)
+
+    loop = VoiceLoop(engines, speaker, RealClock(), config, on_report=on_report)
+    console.print("[bold]listening[/] (Ctrl-C to stop)" + (f" for {args.seconds:.0f} s" if args.seconds else ""))
+    speaker.start()
+    mic.start()
+    try:
+        while not args.seconds or loop.clock.now() < args.seconds:
+            chunk = mic.get(timeout=0.005 if loop.has_work() else 0.05)
+            if chunk is not None:
+                loop.feed(chunk)
+            elif loop.has_work():
+                loop.step()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        mic.close()
+        speaker.close()
+    if args.json:
+        print(json.dumps({"summary": summarize(loop.reports)}), flush=True)
+    elif loop.reports:
+        _print_summary(console, summarize(loop.reports))
+    console.print(f"[dim]{mic.dropped} input samples dropped, {mic.overflows} overflows[/]")
+    return 0
+
+
 def cmd_bench(args) -> int:
     root = Path(__file__).resolve().parent.parent
     script = root / "bench" / f"{args.name}.py"
@@ -113,6 +259,37 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print one JSON object: prompt_ids, token_ids, text, prefill_ms, decode_tok_s, ...")
     g.set_defaults(func=cmd_generate)
 
+    def voice_flags(sp):
+        sp.add_argument("--budget-ms", type=float, default=500.0, help="voice-to-voice budget per turn (default 500)")
+        sp.add_argument("--tts", choices=("piper", "espeak"), default="piper", help="speech synthesizer (default piper)")
+        sp.add_argument("--model", default=None, metavar="GGUF", help="LLM GGUF file (default SmolLM2-135M-Instruct)")
+        sp.add_argument("--no-speculative", action="store_true", help="do not start answering at a pause")
+        sp.add_argument("--ack", action="store_true", help="play a short acknowledgement when the answer is late")
+
+    r = sub.add_parser("run", help="the main job: play recorded conversations through the voice pipeline",
+                       description="Play WAV files (or the bundled default conversation) through the full pipeline: "
+                                   "endpointing, Whisper, the numba LLM, piper; print each turn with its latency "
+                                   "breakdown and budget verdict, then a summary.")
+    r.add_argument("wav", nargs="*", help="WAV files, played as one conversation (default: samples' default conversation)")
+    r.add_argument("--conversation", default="default", help="conversation name from samples/manifest.json")
+    pace = r.add_mutually_exclusive_group()
+    pace.add_argument("--realtime", dest="realtime", action="store_true", default=True,
+                      help="feed audio at real-time pace (default)")
+    pace.add_argument("--fast", dest="realtime", action="store_false",
+                      help="feed audio as fast as possible; time runs on a virtual clock that adds measured compute")
+    r.add_argument("--json", action="store_true", help="JSON Lines: one object per turn, then {\"summary\": ...}")
+    r.add_argument("--save-audio", metavar="DIR", help="write the agent's answer audio to DIR/agent.wav")
+    r.add_argument("--plot", metavar="PNG", help="draw a per-turn latency waterfall")
+    voice_flags(r)
+    r.set_defaults(func=cmd_run)
+
+    m = sub.add_parser("mic", help="local microphone demo (speaker out)",
+                       description="Run the same pipeline on the default microphone and speaker.")
+    m.add_argument("--seconds", type=float, default=0, help="stop after this many seconds (default: until Ctrl-C)")
+    m.add_argument("--json", action="store_true", help="JSON Lines: one object per turn, then {\"summary\": ...}")
+    voice_flags(m)
+    m.set_defaults(func=cmd_mic)
+
     b = sub.add_parser("bench", help="run a benchmark from bench/ (e.g. decode)",
                        description="Run bench/NAME.py with this interpreter; extra arguments are passed on.")
     b.add_argument("name", help="benchmark name, e.g. decode")
@@ -125,13 +302,14 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from decode.errors import DecodeError
+    from voice.audio import AudioError
 
     try:
         return args.func(args)
     except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except (CLIError, DecodeError, ValueError, OSError) as exc:
+    except (CLIError, DecodeError, AudioError, ValueError, OSError) as exc:
         print(f"wafervox: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

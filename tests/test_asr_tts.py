@@ -1,0 +1,171 @@
+"""ASR and TTS on the real engines: Piper/espeak-ng speech transcribed back by Whisper tiny.en."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from scipy.signal import resample_poly
+
+from voice.asr import FULL_WINDOW_S, WhisperTranscriber, split_segments, window_for
+from voice.protocols import ASR_RATE
+from voice.tts import EspeakSynthesizer, PiperSynthesizer, make_synthesizer, parse_wav_header
+
+QUESTION = "What time do you open tomorrow?"
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    ref, hyp = words(reference), words(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1] / max(1, len(ref))
+
+
+def to_asr_audio(chunks: list[np.ndarray], rate: int) -> np.ndarray:
+    pcm = np.concatenate(chunks).astype(np.float32) / 32768.0
+    return resample_poly(pcm, ASR_RATE, rate).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def transcriber():
+    t = WhisperTranscriber()
+    t.warmup()
+    return t
+
+
+@pytest.fixture(scope="module")
+def piper():
+    return PiperSynthesizer()
+
+
+@pytest.fixture(scope="module")
+def espeak():
+    return EspeakSynthesizer()
+
+
+@pytest.fixture(scope="module")
+def question_audio(piper):
+    return to_asr_audio(list(piper.synthesize(QUESTION)), piper.sample_rate)
+
+
+def test_piper_round_trip_matches_text_and_stock_faster_whisper(transcriber, question_audio):
+    result = transcriber.transcribe(question_audio)
+    assert wer(QUESTION, result.text) == 0, result.text
+    assert result.text == result.text.strip()
+    assert result.audio_s == pytest.approx(len(question_audio) / ASR_RATE)
+    assert result.compute_ms > 0
+    segments, _ = transcriber.model.transcribe(question_audio, language="en")  # stock: 30 s window, beam 5
+    stock = " ".join(s.text.strip() for s in segments)
+    assert words(result.text) == words(stock)
+
+
+def test_espeak_round_trip(transcriber, espeak):
+    audio = to_asr_audio(list(espeak.synthesize(QUESTION)), espeak.sample_rate)
+    assert wer(QUESTION, transcriber.transcribe(audio).text) <= 0.2
+
+
+def test_window_is_sized_to_the_utterance(transcriber, question_audio):
+    three_s = np.zeros(3 * ASR_RATE, dtype=np.float32)
+    three_s[: len(question_audio)] = question_audio
+    result = transcriber.transcribe(three_s)
+    assert result.audio_s == pytest.approx(3.0)
+    assert transcriber.last_window_s < FULL_WINDOW_S
+    assert transcriber.last_fallback is None
+    assert wer(QUESTION, result.text) == 0
+
+
+def test_window_policy():
+    assert window_for(3.3, min_window_s=8, pad_s=3, step_s=1) == 8
+    assert window_for(6.2, min_window_s=8, pad_s=3, step_s=1) == 10
+    assert window_for(6.2, min_window_s=4, pad_s=3, step_s=2) == 10
+    assert window_for(29.0, min_window_s=8, pad_s=3, step_s=1) == FULL_WINDOW_S
+
+
+def test_split_segments_reads_timestamps():
+    begin = 1000  # timestamp token for 0.00 s; +1 per 20 ms
+    ids = [begin, 1, 2, begin + 50, begin + 50, 3, begin + 90]
+    segments = split_segments(ids, begin)
+    assert [(s.start_s, s.tokens) for s in segments] == [(0.0, (1, 2)), (1.0, (3,))]
+
+
+def test_piper_yields_one_chunk_per_sentence(piper):
+    chunks = list(piper.synthesize("We open at seven. The kitchen closes at ten."))
+    assert piper.sample_rate == 22050
+    assert len(chunks) >= 2
+    assert all(c.dtype == np.int16 and c.ndim == 1 and len(c) > 0 for c in chunks)
+
+
+def test_piper_first_chunk_comes_before_the_rest_is_synthesized(piper):
+    stream = piper.synthesize("Sure. Let me check the opening hours for tomorrow and the day after.")
+    first = next(stream)
+    assert 0 < len(first) < 0.8 * piper.sample_rate  # only "Sure." so far
+    rest = list(stream)
+    assert len(rest) >= 1 and len(rest[0]) > len(first)
+
+
+def test_espeak_streams_small_chunks(espeak):
+    espeak.warmup()
+    chunks = list(espeak.synthesize("We open at seven."))
+    assert espeak.sample_rate == 22050
+    assert len(chunks) > 5
+    assert all(c.dtype == np.int16 and c.ndim == 1 for c in chunks)
+    assert all(len(c) == espeak.sample_rate * 20 // 1000 for c in chunks[:-1])
+
+
+def test_espeak_text_starting_with_a_dash_is_spoken(espeak):
+    assert sum(len(c) for c in espeak.synthesize("-5 degrees")) > espeak.sample_rate // 4
+
+
+def test_espeak_stream_closed_early_stops_the_process(espeak):
+    stream = espeak.synthesize("A long sentence that the listener interrupts after the first chunk.")
+    next(stream)
+    stream.close()  # must not hang or leave a running process behind
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t"])
+def test_empty_text_yields_nothing(piper, espeak, text):
+    assert list(piper.synthesize(text)) == []
+    assert list(espeak.synthesize(text)) == []
+
+
+def test_silence_transcribes_to_near_empty_text(transcriber):
+    assert len(words(transcriber.transcribe(np.zeros(2 * ASR_RATE, dtype=np.float32)).text)) <= 1
+    assert transcriber.transcribe(np.zeros(0, dtype=np.float32)).text == ""
+
+
+def test_int16_input_is_accepted(transcriber, question_audio):
+    pcm16 = np.clip(question_audio * 32768.0, -32768, 32767).astype(np.int16)
+    assert wer(QUESTION, transcriber.transcribe(pcm16).text) == 0
+
+
+def test_bad_audio_shape_is_rejected(transcriber):
+    with pytest.raises(ValueError):
+        transcriber.transcribe(np.zeros((2, 100), dtype=np.float32))
+
+
+def test_engine_errors_say_how_to_fix(tmp_path):
+    with pytest.raises(RuntimeError, match="apt-get install espeak-ng"):
+        EspeakSynthesizer(binary="espeak-ng-not-installed")
+    with pytest.raises(RuntimeError, match="voice"):
+        EspeakSynthesizer(voice="xx-no-such-voice")
+    with pytest.raises(RuntimeError, match="Piper voice not found"):
+        PiperSynthesizer(tmp_path / "missing.onnx")
+    with pytest.raises(RuntimeError, match="Whisper model folder not found"):
+        WhisperTranscriber(tmp_path / "missing")
+    with pytest.raises(ValueError):
+        make_synthesizer("festival")
+
+
+def test_wav_header_parser_waits_for_the_data_chunk():
+    header = b"RIFF\x24\xf0\xff\x7fWAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00\x22\x56\x00\x00\x44\xac\x00\x00\x02\x00\x10\x00"
+    assert parse_wav_header(header[:20]) is None
+    assert parse_wav_header(header) is None
+    assert parse_wav_header(header + b"data\x00\xf0\xff\x7f") == (22050, 1, 16, 44)

@@ -1,0 +1,70 @@
+"""The microphone path for real: ``wafervox mic`` on sounddevice, against a private PulseAudio
+server whose null sinks stand in for the microphone and the speaker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pulse import PulseServer
+
+from voice.audio import read_wav
+from voice.session import SAMPLES, manifest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def pulse():
+    server = PulseServer()
+    yield server
+    server.close()
+
+
+def test_mic_demo_hears_and_answers(pulse, tmp_path):
+    m = manifest()
+    wav = SAMPLES / "morning_01_open_tomorrow.wav"
+    out_wav = tmp_path / "speaker.wav"
+    env = {**pulse.env, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "mic", "--seconds", "14", "--json"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rec = None
+    try:
+        deadline = time.monotonic() + 240
+        seen = ""
+        while "listening" not in seen:  # engines load first
+            line = proc.stderr.readline()
+            if not line:
+                pytest.fail(f"mic demo exited early: {seen}")
+            seen += line
+            assert time.monotonic() < deadline, "mic demo did not start listening"
+        rec = pulse.record(out_wav)
+        time.sleep(0.5)
+        pulse.play(wav).wait(timeout=30)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if rec is not None:
+            rec.terminate()
+            rec.wait(timeout=10)
+    assert proc.returncode == 0, stderr
+    lines = [json.loads(x) for x in stdout.splitlines() if x.strip()]
+    turns = [x for x in lines if "turn" in x]
+    assert turns, (stdout, stderr)
+    t = turns[0]
+    assert "open" in t["transcript"].lower(), t
+    for kw in m["turns"][wav.name]["keywords"]:
+        assert kw in t["reply"].lower(), t
+    assert t["latency_ms"]["voice_to_voice_ms"] is not None
+    assert "summary" in lines[-1]
+    # the answer really went out through the speaker device
+    pcm, rate = read_wav(out_wav)
+    assert np.abs(pcm.astype(np.float32)).max() > 1000, "no agent audio reached the speaker"
+    assert os.path.getsize(out_wav) > rate  # more than half a second of audio recorded

@@ -1,0 +1,138 @@
+"""End to end on the recorded samples with the real engines (webrtcvad, Whisper tiny.en,
+the numba LLM, piper): transcripts, reply facts, endpoints, barge-in, reports.
+
+Replays run on the virtual clock (as fast as the engines allow, with their measured
+compute time added), so this suite checks behaviour; latency figures come from
+bench/turn.py.  Bar held: word error rate <= 0.15 over the whole set.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from voice.audio import BufferSink
+from voice.latency import STAGES
+from voice.session import SAMPLES, manifest, play_conversation
+
+WER_BAR = 0.15
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]", " ", text.lower().replace("-", " ")).split()
+
+
+def edit_distance(a, b) -> int:
+    prev = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        cur = [i]
+        for j, y in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
+        prev = cur
+    return prev[-1]
+
+
+@pytest.fixture(scope="module")
+def engines():
+    from voice.engines import load_engines
+
+    eng, _ = load_engines()
+    return eng
+
+
+@pytest.fixture(scope="module")
+def played(engines):
+    """Every conversation (except the default, a copy of one) replayed once."""
+    m = manifest()
+    out = {}
+    for name, files in m["conversations"].items():
+        if name == "default":
+            continue
+        engines.llm.reset()
+        sink = BufferSink(engines.tts.sample_rate)
+        reports, loop = play_conversation(engines, [SAMPLES / f for f in files], realtime=False, sink=sink)
+        out[name] = (files, reports, loop, sink)
+    return out
+
+
+def test_one_report_per_turn(played):
+    for name, (files, reports, _, _) in played.items():
+        assert len(reports) == len(files), (name, [r.transcript for r in reports])
+
+
+def test_word_error_rate_on_the_set(played):
+    m = manifest()
+    errors = total = 0
+    for files, reports, _, _ in played.values():
+        for f, r in zip(files, reports):
+            ref = words(m["turns"][f]["text"])
+            errors += edit_distance(ref, words(r.transcript))
+            total += len(ref)
+    assert errors / total <= WER_BAR, errors / total
+
+
+def test_replies_carry_the_persona_facts(played):
+    m = manifest()
+    misses = []
+    for files, reports, _, _ in played.values():
+        for f, r in zip(files, reports):
+            for kw in m["turns"][f]["keywords"]:
+                if kw.lower() not in r.reply.lower():
+                    misses.append((f, kw, r.transcript, r.reply))
+    assert not misses, misses
+
+
+def test_endpoint_never_early(played):
+    m = manifest()
+    for files, reports, loop, _ in played.values():
+        for f, r, offset in zip(files, reports, loop.file_offsets):
+            true_end = offset + m["turns"][f]["speech_end_s"]
+            assert r.stamps["endpoint"] >= true_end, (f, r.stamps["endpoint"], true_end)
+            assert r.stamps["answer_audio"] >= r.stamps["endpoint"]  # never talks over the user
+
+
+def test_reports_have_every_field_and_add_up(played):
+    for _, reports, _, _ in played.values():
+        for r in reports:
+            d = r.to_dict()
+            for key in ("turn", "transcript", "reply", "latency_ms", "budget_ms", "within_budget", "overrun_ms", "mitigation"):
+                assert key in d
+            lat = r.latency_ms
+            for stage in STAGES:
+                assert lat[stage] is not None, (r.turn, stage)
+            parts = ("endpoint_ms", "asr_ms", "first_phrase_ms", "tts_first_audio_ms", "hold_ms")
+            assert abs(sum(lat[p] for p in parts) - lat["voice_to_voice_ms"]) < 1e-6
+            assert lat["first_phrase_ms"] >= lat["llm_first_token_ms"] >= 0
+            assert d["within_budget"] == (lat["voice_to_voice_ms"] <= r.budget_ms)
+
+
+def test_answer_audio_was_produced(played):
+    for _, reports, _, sink in played.values():
+        audio = sink.render()
+        assert len(audio) > 0.5 * sink.rate * len(reports)
+        assert abs(audio.astype(float)).max() > 1000
+
+
+def test_barge_in_stops_playback_and_keeps_what_was_said(engines):
+    m = manifest()
+    b = m["barge_in"]
+    engines.llm.reset()
+    sink = BufferSink(engines.tts.sample_rate)
+    reports, loop = play_conversation(engines, [SAMPLES / b["file"]], realtime=False, sink=sink)
+    assert len(reports) == 2, [(r.transcript, r.reply) for r in reports]
+    first, second = reports
+    assert first.barge_in and not second.barge_in
+    assert loop.barge_ins, "no barge-in recorded"
+    bi = loop.barge_ins[0]
+    assert bi["stopped_at"] - bi["detected_at"] <= 0.1  # playback stopped within 100 ms of the detection
+    # no audio of the first answer plays after the stop
+    stop = bi["stopped_at"]
+    for start, pcm in sink.pieces:
+        if start < stop:
+            assert start + len(pcm) / sink.rate <= stop + 1e-6
+    # the history keeps only what was heard
+    hist = engines.llm.history
+    said = [h["content"] for h in hist if h["role"] == "assistant"]
+    assert first.reply.strip() in said
+    assert "maria" in second.reply.lower()

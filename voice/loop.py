@@ -1,0 +1,390 @@
+"""The voice loop: audio in, turns out, on one clock, cooperatively scheduled.
+
+``VoiceLoop.feed(chunk)`` takes input audio (any rate), runs the endpointer and reacts
+to its events; ``step()`` advances the current response by one small piece of work
+(a transcription, one LLM token, one TTS chunk), so input keeps being read between
+pieces and a barge-in is seen within one piece.  Drivers (``run_stream``, the mic
+demo, the server) alternate ``feed`` and ``step`` against a ``RealClock`` or a
+``VirtualClock``.
+
+The budget is worked against, not just measured: at a ``Pause`` the loop transcribes
+and starts answering speculatively (audio held back until the endpoint confirms the
+turn, dropped if the user goes on), the phrase chunker releases a short first clause,
+and an optional acknowledgement sound covers a late answer (reported as
+``first_audio_ms``, never as the answer).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .audio import AudioChunk, Resampler, to_float
+from .latency import TurnReport, TurnTrace
+from .phrases import PhraseChunker
+from .protocols import ASR_RATE, Synthesizer, Transcriber
+from .turns import TurnEvent, TurnMachine, TurnState
+from .vad import Endpointer, EndpointerConfig, Pause, SpeechResumed, SpeechStarted, SpeechStopped
+
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
+_KEEP_AUDIO_S = 120  # input audio kept for transcription
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    budget_ms: float = 500.0
+    speculative: bool = True  # transcribe and start answering at a pause
+    ack: bool = False  # play a short acknowledgement when the answer is late
+    ack_after_ms: float = 400.0  # ... if no answer audio this long after the last voiced sample
+    max_sentences: int = 2  # spoken-style answers: stop after this many sentences
+    padding_ms: int = 200  # audio kept around the utterance for the ASR
+    endpointer: EndpointerConfig = field(default_factory=EndpointerConfig)
+
+
+@dataclass
+class Engines:
+    transcriber: Transcriber
+    llm: object  # voice.llm.LLMConversation (TokenStream + commit)
+    tts: Synthesizer
+    ack_pcm: np.ndarray | None = None  # the acknowledgement sound at tts.sample_rate
+
+
+@dataclass
+class _Response:
+    """One answer in progress (speculative until the endpoint adopts it)."""
+
+    first_voiced: int
+    last_voiced: int
+    speculative: bool
+    stamps: dict = field(default_factory=dict)
+    transcript: str = ""
+    phrases: list[str] = field(default_factory=list)
+    spans: list[tuple[int, float, float]] = field(default_factory=list)  # (phrase index, start s, end s)
+    held: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    released: bool = False
+    answered: bool = False
+    finished: bool = False
+    gen: Iterator | None = None
+
+    def stamp(self, name: str, t: float) -> None:
+        self.stamps.setdefault(name, t)
+
+
+class VoiceLoop:
+    def __init__(self, engines: Engines, sink, clock, config: LoopConfig | None = None,
+                 on_report: Callable[[TurnReport], None] | None = None):
+        self.e = engines
+        self.sink = sink
+        self.clock = clock
+        self.cfg = config or LoopConfig()
+        self.on_report = on_report
+        self.vad = Endpointer(self.cfg.endpointer)
+        if self.cfg.endpointer.rate != ASR_RATE:
+            raise ValueError(f"the loop runs its endpointer at {ASR_RATE} Hz")
+        self.turns = TurnMachine()
+        self.reports: list[TurnReport] = []
+        self.barge_ins: list[dict] = []
+        self._resamplers: dict[int, Resampler] = {}
+        self._audio = np.zeros(0, np.int16)  # input at ASR_RATE, from sample self._base on
+        self._base = 0
+        self._pos = 0  # samples at ASR_RATE fed so far
+        self._origin: float | None = None  # clock time of input sample 0
+        self._trace: TurnTrace | None = None
+        self._task: _Response | None = None
+        self._spec: _Response | None = None
+        self._play_cursor = 0.0  # when the output is free again
+        self._ack_played = False
+        self._n_turns = 0
+        self.file_offsets: list[float] = []  # filled by drivers that play files
+
+    # -- time ---------------------------------------------------------------------------------
+
+    def audio_time(self, sample: int) -> float:
+        return (self._origin or 0.0) + sample / ASR_RATE
+
+    @property
+    def input_time(self) -> float:
+        """Clock time of the end of the input fed so far."""
+        return self.audio_time(self._pos)
+
+    @property
+    def speaking(self) -> bool:
+        return self.turns.state is not TurnState.LISTENING
+
+    # -- input --------------------------------------------------------------------------------
+
+    def feed(self, chunk: AudioChunk) -> None:
+        """Input audio; any rate, any length."""
+        if self._origin is None:
+            self._origin = self.clock.now() - len(chunk.pcm) / chunk.rate if self.clock.realtime else 0.0
+        rs = self._resamplers.get(chunk.rate)
+        if rs is None:
+            rs = self._resamplers[chunk.rate] = Resampler(chunk.rate, ASR_RATE)
+        pcm = rs(chunk.pcm)
+        self._audio = np.concatenate([self._audio, pcm])
+        self._pos += len(pcm)
+        if len(self._audio) > 2 * _KEEP_AUDIO_S * ASR_RATE and self._trace is None:
+            drop = len(self._audio) - _KEEP_AUDIO_S * ASR_RATE
+            self._audio = self._audio[drop:]
+            self._base += drop
+        self.vad.feed(pcm)
+        for ev in self.vad.events():
+            self._on_vad(ev)
+        self._housekeeping()
+
+    def _utterance(self, first: int, last: int) -> np.ndarray:
+        pad = self.cfg.padding_ms * ASR_RATE // 1000
+        a = max(self._base, first - pad) - self._base
+        b = min(self._pos, last + pad) - self._base
+        return to_float(self._audio[a:b])
+
+    def _on_vad(self, ev) -> None:
+        now = self.clock.now()
+        if isinstance(ev, SpeechStarted):
+            if self.turns.state is not TurnState.LISTENING or (self._task and not self._task.finished):
+                self._barge_in(ev, now)
+            if self._trace is None:
+                self._n_turns += 1
+                self._trace = TurnTrace(turn=self._n_turns, budget_ms=self.cfg.budget_ms)
+                self._ack_played = False
+            self._trace.mark("speech_start", self.audio_time(ev.first_voiced_sample), overwrite=True)
+            self.turns.fire(TurnEvent.SPEECH_STARTED)
+        elif isinstance(ev, Pause):
+            if self.cfg.speculative and self._trace is not None and self._task is None:
+                self._spec = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=True)
+        elif isinstance(ev, SpeechResumed):
+            self._drop_spec()
+        elif isinstance(ev, SpeechStopped):
+            if self._trace is None:  # stopped without a start we saw (e.g. after a reset)
+                return
+            self._trace.mark("last_voiced", self.audio_time(ev.last_voiced_sample), overwrite=True)
+            self._trace.mark("endpoint", max(now, self.audio_time(ev.sample)), overwrite=True)
+            self.turns.fire(TurnEvent.SPEECH_STOPPED)
+            spec = self._spec
+            self._spec = None
+            if spec is not None and spec.last_voiced == ev.last_voiced_sample:
+                self._trace.mitigate("speculative")
+                self._task = spec
+                spec.speculative = False
+                self._release(spec)
+            else:
+                if spec is not None:
+                    self._close(spec)
+                self._task = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=False)
+
+    # -- responses ----------------------------------------------------------------------------
+
+    def _start(self, first: int, last: int, speculative: bool) -> _Response:
+        r = _Response(first_voiced=first, last_voiced=last, speculative=speculative)
+        r.gen = self._respond(r, self._utterance(first, last))
+        return r
+
+    def _drop_spec(self) -> None:
+        if self._spec is not None:
+            self._close(self._spec)
+            self._spec = None
+
+    @staticmethod
+    def _close(r: _Response) -> None:
+        if r.gen is not None:
+            r.gen.close()
+        r.finished = True
+
+    def has_work(self) -> bool:
+        return any(r is not None and not r.finished for r in (self._task, self._spec))
+
+    def step(self) -> bool:
+        """Advance the current response (the confirmed one first) by one piece of work."""
+        for r in (self._task, self._spec):
+            if r is not None and not r.finished:
+                try:
+                    next(r.gen)
+                except StopIteration:
+                    r.finished = True
+                self._housekeeping()
+                return True
+        self._housekeeping()
+        return False
+
+    def _respond(self, r: _Response, audio: np.ndarray):
+        clock = self.clock
+        with clock.working():
+            tr = self.e.transcriber.transcribe(audio)
+        r.transcript = tr.text.strip()
+        r.stamp("transcript", clock.now())
+        yield
+        if not _has_words(r.transcript):
+            return
+        chunker = PhraseChunker()
+        stream = self.e.llm.reply(r.transcript)
+        sentences = 0
+        try:
+            while sentences < self.cfg.max_sentences:
+                with clock.working():
+                    piece = next(stream, None)
+                if piece is None:
+                    break
+                r.stamp("first_token", clock.now())
+                chunker.feed(piece)
+                for ph in chunker.drain():
+                    yield from self._speak(r, ph.text)
+                    sentences += bool(_SENTENCE_END.search(ph.text))
+                yield
+            if sentences < self.cfg.max_sentences:
+                for ph in chunker.flush():
+                    yield from self._speak(r, ph.text)
+        finally:
+            stream.close()
+
+    def _speak(self, r: _Response, text: str):
+        clock = self.clock
+        index = len(r.phrases)
+        r.phrases.append(text)
+        r.stamp("first_phrase", clock.now())
+        synth = self.e.tts.synthesize(text)
+        try:
+            while True:
+                with clock.working():
+                    pcm = next(synth, None)
+                if pcm is None:
+                    break
+                r.stamp("tts_first_audio", clock.now())
+                if r.released:
+                    self._play(r, index, pcm)
+                else:
+                    r.held.append((index, pcm))
+                yield
+        finally:
+            synth.close()
+
+    def _release(self, r: _Response) -> None:
+        """The endpoint confirmed ``r``: its held audio may play now."""
+        r.released = True
+        for index, pcm in r.held:
+            self._play(r, index, pcm)
+        r.held.clear()
+
+    def _play(self, r: _Response, index: int, pcm: np.ndarray) -> None:
+        rate = self.e.tts.sample_rate
+        t = max(self.clock.now(), self._play_cursor)
+        self.sink.play(t, pcm)
+        self._play_cursor = t + len(pcm) / rate
+        r.spans.append((index, t, self._play_cursor))
+        if not r.answered:
+            r.answered = True
+            self._trace.mark("answer_audio", t)
+            self._trace.mark("first_audio", t)
+            self.turns.fire(TurnEvent.ANSWER_AUDIO)
+
+    # -- turn end, barge-in, acknowledgement ---------------------------------------------------
+
+    def _housekeeping(self) -> None:
+        r, tr = self._task, self._trace
+        if r is None or tr is None:
+            return
+        now = self.clock.now()
+        if self.cfg.ack and not r.answered and not self._ack_played and self.e.ack_pcm is not None:
+            lv = tr.stamps.get("last_voiced")
+            if lv is not None and now >= lv + self.cfg.ack_after_ms / 1000:
+                t = max(now, self._play_cursor)
+                self.sink.play(t, self.e.ack_pcm)
+                self._play_cursor = t + len(self.e.ack_pcm) / self.e.tts.sample_rate
+                tr.mark("first_audio", t)
+                tr.mitigate("ack")
+                self._ack_played = True
+        if r.finished and now >= self._play_cursor:
+            if not r.answered:
+                self.turns.fire(TurnEvent.NO_ANSWER)
+            else:
+                self.turns.fire(TurnEvent.ANSWER_DONE)
+            self._finish_turn(r, spoken=" ".join(r.phrases), cut_at=None)
+
+    def _finish_turn(self, r: _Response, spoken: str, cut_at: float | None) -> None:
+        tr = self._trace
+        for k, v in r.stamps.items():
+            tr.mark(k, v)
+        tr.transcript = r.transcript
+        tr.reply = spoken
+        tr.mark("done", cut_at if cut_at is not None else max(self.clock.now(), self._play_cursor))
+        if _has_words(r.transcript):
+            self.e.llm.commit(r.transcript, spoken)
+        report = tr.report()
+        self.reports.append(report)
+        self._task = None
+        self._trace = None
+        if self.on_report:
+            self.on_report(report)
+
+    def _barge_in(self, ev: SpeechStarted, now: float) -> None:
+        """The user speaks over the answer: stop the audio, keep what was heard."""
+        r = self._task
+        self.sink.clear_after(now)
+        self._play_cursor = min(self._play_cursor, now)
+        heard = []
+        if r is not None:
+            for index, text in enumerate(r.phrases):
+                spans = [(a, b) for i, a, b in r.spans if i == index]
+                if not spans:
+                    continue
+                total = sum(b - a for a, b in spans)
+                played = sum(max(0.0, min(b, now) - a) for a, b in spans)
+                heard.append(_prefix_words(text, played / total if total > 0 else 0.0))
+            self._close(r)
+        self._drop_spec()
+        self.barge_ins.append({"speech_at": self.audio_time(ev.first_voiced_sample),
+                               "detected_at": self.audio_time(ev.sample), "stopped_at": now})
+        if self._trace is not None and r is not None:
+            self._trace.barge_in = True
+            self.turns.fire(TurnEvent.BARGE_IN)
+            self._finish_turn(r, spoken=" ".join(h for h in heard if h), cut_at=now)
+        elif self.turns.can(TurnEvent.BARGE_IN):
+            self.turns.fire(TurnEvent.BARGE_IN)
+
+    def finish(self, max_s: float = 30.0) -> None:
+        """Input is over: complete the pending work and let the answer play out."""
+        self.drain(max_s)
+        if self._trace is not None and self._task is None:  # speech never stopped: close it
+            self._trace = None
+
+    def drain(self, max_s: float = 30.0, chunk_ms: int = 20) -> None:
+        """Feed silence until the agent is done answering (or ``max_s`` of input passed)."""
+        n = ASR_RATE * chunk_ms // 1000
+        silence = np.zeros(n, np.int16)
+        end = self.input_time + max_s
+        while (self.has_work() or self.speaking or self._task is not None) and self.input_time < end:
+            feed_silence(self, silence, n)
+
+
+def feed_silence(loop: VoiceLoop, silence: np.ndarray, n: int) -> None:
+    t = loop.input_time + n / ASR_RATE
+    while loop.clock.now() < t and loop.has_work():
+        loop.step()
+    loop.clock.advance_to(t)
+    loop.feed(AudioChunk(silence, ASR_RATE, 0))
+
+
+def run_stream(loop: VoiceLoop, chunks, drain: bool = True) -> None:
+    """Drive ``loop`` with input chunks arriving at their audio time on ``loop.clock``:
+    work fills the time between chunks; a chunk that arrives during work waits for it."""
+    for chunk in chunks:
+        t = loop.input_time + len(chunk.pcm) / chunk.rate
+        while loop.clock.now() < t and loop.has_work():
+            loop.step()
+        loop.clock.advance_to(t)
+        loop.feed(chunk)
+    if drain:
+        loop.drain()
+
+
+def _has_words(text: str) -> bool:
+    return bool(re.search(r"\w", text or ""))
+
+
+def _prefix_words(text: str, fraction: float) -> str:
+    if fraction >= 0.999:
+        return text
+    words = text.split()
+    return " ".join(words[: int(len(words) * max(0.0, fraction))])

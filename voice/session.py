@@ -1,0 +1,44 @@
+"""Playing recorded conversations through the voice loop (the main job, ``wafervox run``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .audio import BufferSink, chunks, read_wav
+from .clock import RealClock, VirtualClock
+from .latency import TurnReport
+from .loop import Engines, LoopConfig, VoiceLoop, run_stream
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+
+
+def manifest(samples: Path = SAMPLES) -> dict:
+    path = samples / "manifest.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no sample manifest at {path}")
+    return json.loads(path.read_text())
+
+
+def conversation_files(name: str = "default", samples: Path = SAMPLES) -> list[Path]:
+    m = manifest(samples)
+    convs = m.get("conversations", {})
+    if name not in convs:
+        raise KeyError(f"no conversation {name!r} in the samples (have: {', '.join(convs)})")
+    return [samples / f for f in convs[name]]
+
+
+def play_conversation(engines: Engines, files, realtime: bool = True, config: LoopConfig | None = None,
+                      on_report=None, sink: BufferSink | None = None, chunk_ms: int = 20) -> tuple[list[TurnReport], VoiceLoop]:
+    """Feed ``files`` one after another into one loop (one conversation, history kept);
+    each file's answer plays out before the next file starts."""
+    clock = RealClock() if realtime else VirtualClock()
+    sink = sink or BufferSink(engines.tts.sample_rate)
+    loop = VoiceLoop(engines, sink, clock, config, on_report=on_report)
+    loop.file_offsets = []  # input time at which each file started
+    for f in files:
+        pcm, rate = read_wav(f)
+        loop.file_offsets.append(loop.input_time)
+        run_stream(loop, chunks(pcm, rate, chunk_ms))
+    loop.finish()
+    return loop.reports, loop
