@@ -74,11 +74,13 @@ def attention(q, k_cache, v_cache, pos0, n_heads, n_kv_heads, head_dim, out):
         qo = h * head_dim
         n = pos0 + t + 1
         scores = np.empty(n, np.float32)
+        qh = q[t, qo:qo + head_dim]
         best = np.float32(-np.inf)
         for p in range(n):
             s = np.float32(0.0)
+            kp = k_cache[p, kv:kv + head_dim]
             for i in range(head_dim):
-                s += q[t, qo + i] * k_cache[p, kv + i]
+                s += qh[i] * kp[i]
             s *= scale
             scores[p] = s
             if s > best:
@@ -88,13 +90,15 @@ def attention(q, k_cache, v_cache, pos0, n_heads, n_kv_heads, head_dim, out):
             e = np.float32(math.exp(scores[p] - best))
             scores[p] = e
             total += e
+        acc = np.zeros(head_dim, np.float32)  # local: no aliasing with the cache, so it vectorizes
+        for p in range(n):
+            wgt = scores[p]
+            vp = v_cache[p, kv:kv + head_dim]
+            for i in range(head_dim):
+                acc[i] += wgt * vp[i]
         inv = np.float32(1.0) / total
         for i in range(head_dim):
-            out[t, qo + i] = 0.0
-        for p in range(n):
-            wgt = scores[p] * inv
-            for i in range(head_dim):
-                out[t, qo + i] += wgt * v_cache[p, kv + i]
+            out[t, qo + i] = acc[i] * inv
 
 
 @njit(fastmath=_FAST, **_JIT)

@@ -110,31 +110,39 @@ def dequant_row(qtype, w, r, out):
         for j in range(n):
             bits[j] = np.uint32(h[j]) << 16
     elif qtype == _Q4_0:
-        for b in range(n // 32):
+        nb = n // 32
+        half = w.shape[1] // nb - 2  # 16, as a run-time value (see the note above _dot_q4_1)
+        for b in range(nb):
             o = b * 18
             d = _half(w, r, o)
-            for j in range(16):
+            for j in range(half):
                 q = np.int32(w[r, o + 2 + j])
                 out[b * 32 + j] = np.float32((q & 15) - 8) * d
                 out[b * 32 + j + 16] = np.float32((q >> 4) - 8) * d
     elif qtype == _Q4_1:
-        for b in range(n // 32):
+        nb = n // 32
+        half = w.shape[1] // nb - 4
+        for b in range(nb):
             o = b * 20
             d = _half(w, r, o)
             m = _half(w, r, o + 2)
-            for j in range(16):
+            for j in range(half):
                 q = np.int32(w[r, o + 4 + j])
                 out[b * 32 + j] = np.float32(q & 15) * d + m
                 out[b * 32 + j + 16] = np.float32(q >> 4) * d + m
     elif qtype == _Q8_0:
-        for b in range(n // 32):
+        nb = n // 32
+        qk = w.shape[1] // nb - 2
+        for b in range(nb):
             o = b * 34
             d = _half(w, r, o)
-            for j in range(32):
+            for j in range(qk):
                 q = np.int32(w[r, o + 2 + j])
                 out[b * 32 + j] = np.float32((q ^ 128) - 128) * d
     elif qtype == _Q4_K:
-        for b in range(n // 256):
+        nb = n // 256
+        lanes = w.shape[1] // nb - 112  # 32
+        for b in range(nb):
             o = b * 144
             d = _half(w, r, o)
             dmin = _half(w, r, o + 2)
@@ -147,12 +155,14 @@ def dequant_row(qtype, w, r, out):
                 mm2 = dmin * np.float32(m2)
                 qo = o + 16 + 32 * c
                 yo = b * 256 + 64 * c
-                for lane in range(32):
+                for lane in range(lanes):
                     q = np.int32(w[r, qo + lane])
                     out[yo + lane] = d1 * np.float32(q & 15) - mm1
                     out[yo + 32 + lane] = d2 * np.float32(q >> 4) - mm2
     elif qtype == _Q6_K:
-        for b in range(n // 256):
+        nb = n // 256
+        lanes = w.shape[1] // nb - 178  # 32
+        for b in range(nb):
             o = b * 210
             d = _half(w, r, o + 208)
             for half in range(2):
@@ -160,7 +170,7 @@ def dequant_row(qtype, w, r, out):
                 qh = o + 128 + 32 * half
                 sc = o + 192 + 8 * half
                 yo = b * 256 + 128 * half
-                for lane in range(32):
+                for lane in range(lanes):
                     s = lane // 16
                     h = np.int32(w[r, qh + lane])
                     lo0 = np.int32(w[r, ql + lane])
