@@ -87,7 +87,7 @@ CONVERSATIONS: dict[str, list[Turn]] = {
              rate=8000, lead_s=0.7, trail_s=1.1, peak=0.6),
         Turn("visit_02_croissant_price.wav", "How much is a croissant?", ("2 dollars",), "piper", 0.9,
              rate=16000, lead_s=0.3, trail_s=0.8, peak=0.45),
-        Turn("visit_03_open_sunday.wav", "What time do you open on Sunday?", ("7",), "piper", 1.15,
+        Turn("visit_03_bakery_open.wav", "What time does the bakery open?", ("7",), "piper", 1.15,
              rate=44100, channels=2, lead_s=0.4, trail_s=0.8, peak=0.7),
         Turn("visit_04_owns_bakery.wav", "Who owns the bakery?", ("maria",), "espeak", 130, espeak_voice="en-gb",
              rate=22050, lead_s=1.0, trail_s=1.3, peak=0.65),

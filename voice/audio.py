@@ -89,31 +89,36 @@ def chunks(pcm: np.ndarray, rate: int, chunk_ms: int = 20) -> Iterator[AudioChun
 
 
 class Resampler:
-    """Streaming resampler for chunked input: converts whole chunks, keeps positions exact.
+    """Streaming resampler for live input (soxr): chunk in, chunk out, no edge artefacts.
 
-    Chunks are resampled independently (the ratio is applied to the running sample
-    count so positions never drift); for speech at 10-30 ms chunks the edge effects are
-    far below the VAD's and Whisper's sensitivity.
+    The filter holds back a few milliseconds of output; ``lag`` is how many output
+    samples are still owed for the input seen so far, so a caller can map output
+    positions back to input time exactly.
     """
 
     def __init__(self, src: int, dst: int):
         self.src, self.dst = src, dst
         self._in = 0
         self._out = 0
+        self._stream = None
+        if src != dst:
+            import soxr
+
+            self._stream = soxr.ResampleStream(src, dst, 1, dtype="float32", quality="HQ")
 
     def __call__(self, chunk: np.ndarray) -> np.ndarray:
-        if self.src == self.dst:
-            self._in += len(chunk)
-            self._out = self._in
-            return chunk
         self._in += len(chunk)
-        want = int(math.floor(self._in * self.dst / self.src)) - self._out
-        y = resample(chunk, self.src, self.dst)
-        if len(y) < want:
-            y = np.concatenate([y, np.zeros(want - len(y), y.dtype)])
-        y = y[:want]
+        if self._stream is None:
+            self._out += len(chunk)
+            return chunk
+        y = self._stream.resample_chunk(chunk.astype(np.float32) / 32768.0)
         self._out += len(y)
-        return y
+        return to_pcm16(y)
+
+    @property
+    def lag(self) -> int:
+        """Output samples owed for the input so far (the filter delay)."""
+        return int(self._in * self.dst // self.src) - self._out
 
 
 class BufferSink:
@@ -132,7 +137,7 @@ class BufferSink:
         for start, pcm in self.pieces:
             if start >= t:
                 continue
-            n = min(len(pcm), int(round((t - start) * self.rate)))
+            n = min(len(pcm), int((t - start) * self.rate))
             kept.append((start, pcm[:n]))
         self.pieces = kept
 

@@ -23,6 +23,7 @@ DEFAULT_EXAMPLES = (
     ("What are your hours?", "We are open from 7 am to 6 pm, Tuesday to Sunday."),
     ("How much is a croissant?", "A croissant costs 2 dollars."),
     ("Where can I find you?", "We are at 12 Harbor Street."),
+    ("Do you deliver?", "Yes, delivery is free for orders over 30 dollars."),
 )
 
 
@@ -46,11 +47,15 @@ class LLMConversation:
     persona: Persona = field(default_factory=Persona)
     max_tokens: int = 48
     sampling: SamplingParams = GREEDY
-    history: list[dict] = field(default_factory=list)
+    #: Earlier exchanges shown to the model (None = all).  A 135M model copies its previous
+    #: answers when it sees many of them; one exchange keeps follow-ups working.
+    history_turns: int | None = 1
+    history: list[dict] = field(default_factory=list)  # every turn, as heard
 
     def __post_init__(self):
+        self._opening = self.persona.opening()
         if not self.history:
-            self.history = self.persona.opening()
+            self.history = list(self._opening)
 
     def warmup(self) -> None:
         """Prefill the persona and examples (and compile/load the kernels)."""
@@ -58,8 +63,15 @@ class LLMConversation:
         for _ in self.generator.stream(ids, max_tokens=1, sampling=self.sampling):
             pass
 
+    def context(self) -> list[dict]:
+        """The messages the model sees: the opening and the last ``history_turns`` exchanges."""
+        turns = self.history[len(self._opening):]
+        if self.history_turns is not None:
+            turns = turns[len(turns) - 2 * self.history_turns:] if self.history_turns else []
+        return self._opening + turns
+
     def prompt_ids(self, user_text: str) -> list[int]:
-        return self.generator.encode_chat(self.history + [{"role": "user", "content": user_text}])
+        return self.generator.encode_chat(self.context() + [{"role": "user", "content": user_text}])
 
     def reply(self, user_text: str) -> Iterator[str]:
         """Text pieces of the answer; the first ``next()`` pays the prefill of the new tokens."""
@@ -72,4 +84,4 @@ class LLMConversation:
         self.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": spoken.strip()}]
 
     def reset(self) -> None:
-        self.history = self.persona.opening()
+        self.history = list(self._opening)

@@ -28,6 +28,7 @@ from .phrases import PhraseChunker
 from .protocols import ASR_RATE, Synthesizer, Transcriber
 from .turns import TurnEvent, TurnMachine, TurnState
 from .vad import Endpointer, EndpointerConfig, Pause, SpeechResumed, SpeechStarted, SpeechStopped
+from .vad import State as VadState
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
 _KEEP_AUDIO_S = 120  # input audio kept for transcription
@@ -92,6 +93,7 @@ class VoiceLoop:
         self._base = 0
         self._pos = 0  # samples at ASR_RATE fed so far
         self._origin: float | None = None  # clock time of input sample 0
+        self._lag = 0  # samples the current input resampler still owes
         self._trace: TurnTrace | None = None
         self._task: _Response | None = None
         self._spec: _Response | None = None
@@ -99,16 +101,19 @@ class VoiceLoop:
         self._ack_played = False
         self._n_turns = 0
         self.file_offsets: list[float] = []  # filled by drivers that play files
+        self.non_speech = 0  # "utterances" whose transcript had no words
 
     # -- time ---------------------------------------------------------------------------------
 
     def audio_time(self, sample: int) -> float:
-        return (self._origin or 0.0) + sample / ASR_RATE
+        """Clock time at which input sample ``sample`` (at ASR_RATE) was captured; a resampler's
+        filter delay is added back."""
+        return (self._origin or 0.0) + (sample + self._lag) / ASR_RATE
 
     @property
     def input_time(self) -> float:
         """Clock time of the end of the input fed so far."""
-        return self.audio_time(self._pos)
+        return (self._origin or 0.0) + (self._pos + self._lag) / ASR_RATE
 
     @property
     def speaking(self) -> bool:
@@ -124,6 +129,7 @@ class VoiceLoop:
         if rs is None:
             rs = self._resamplers[chunk.rate] = Resampler(chunk.rate, ASR_RATE)
         pcm = rs(chunk.pcm)
+        self._lag = rs.lag
         self._audio = np.concatenate([self._audio, pcm])
         self._pos += len(pcm)
         if len(self._audio) > 2 * _KEEP_AUDIO_S * ASR_RATE and self._trace is None:
@@ -309,12 +315,14 @@ class VoiceLoop:
         tr.transcript = r.transcript
         tr.reply = spoken
         tr.mark("done", cut_at if cut_at is not None else max(self.clock.now(), self._play_cursor))
-        if _has_words(r.transcript):
-            self.e.llm.commit(r.transcript, spoken)
-        report = tr.report()
-        self.reports.append(report)
         self._task = None
         self._trace = None
+        if not _has_words(r.transcript):  # a noise, a breath, a click: not a user turn
+            self.non_speech += 1
+            return
+        self.e.llm.commit(r.transcript, spoken)
+        report = tr.report()
+        self.reports.append(report)
         if self.on_report:
             self.on_report(report)
 
@@ -354,7 +362,8 @@ class VoiceLoop:
         n = ASR_RATE * chunk_ms // 1000
         silence = np.zeros(n, np.int16)
         end = self.input_time + max_s
-        while (self.has_work() or self.speaking or self._task is not None) and self.input_time < end:
+        while (self.has_work() or self.speaking or self._task is not None or self.vad.state is not VadState.SILENCE) \
+                and self.input_time < end:
             feed_silence(self, silence, n)
 
 

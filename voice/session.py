@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .audio import BufferSink, chunks, read_wav
+from .audio import BufferSink, chunks, read_wav, resample
 from .clock import RealClock, VirtualClock
 from .latency import TurnReport
 from .loop import Engines, LoopConfig, VoiceLoop, run_stream
+from .protocols import ASR_RATE
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 
@@ -38,7 +39,8 @@ def play_conversation(engines: Engines, files, realtime: bool = True, config: Lo
     loop.file_offsets = []  # input time at which each file started
     for f in files:
         pcm, rate = read_wav(f)
+        pcm = resample(pcm, rate, ASR_RATE)  # a whole file resamples exactly; live input streams through soxr
         loop.file_offsets.append(loop.input_time)
-        run_stream(loop, chunks(pcm, rate, chunk_ms))
+        run_stream(loop, chunks(pcm, ASR_RATE, chunk_ms))
     loop.finish()
     return loop.reports, loop

@@ -82,6 +82,12 @@ class EndpointerConfig:
     stop_ms: int = 400
     padding_ms: int = 200
     trim_overhang: bool = True
+    #: Energy veto on top of webrtcvad: a frame counts as voiced only if it is this many dB above
+    #: the noise floor (None = off).  webrtcvad alone calls steady pink noise at ~27 dB SNR
+    #: speech, worst right after silence.  The floor is the quietest frame of the last
+    #: ``floor_window_ms`` (minimum statistics): speech always dips between words, noise does not.
+    noise_gate_db: float | None = 9.0
+    floor_window_ms: int = 1500
 
     def __post_init__(self) -> None:
         if self.rate not in VAD_RATES:
@@ -99,6 +105,8 @@ class EndpointerConfig:
             raise ValueError(f"pause_ms ({self.pause_ms}) must be shorter than stop_ms ({self.stop_ms})")
         if self.padding_ms < 0:
             raise ValueError(f"padding_ms must be >= 0, got {self.padding_ms}")
+        if self.noise_gate_db is not None and self.noise_gate_db < 0:
+            raise ValueError(f"noise_gate_db must be >= 0 or None, got {self.noise_gate_db}")
 
     @property
     def frame_samples(self) -> int:
@@ -219,6 +227,8 @@ class Endpointer:
         self._first_voiced = 0  # frame indices of the current utterance (or group of voiced frames)
         self._last_voiced = -self._stop_frames
         self._events: list[VadEvent] = []
+        self._energy: deque[float] = deque(maxlen=max(1, self.config.frames(self.config.floor_window_ms)))
+        self._loud: deque[bool] = deque(maxlen=self._oh_long + 2)  # energy verdicts of frames not yet settled
 
     @property
     def state(self) -> State:
@@ -232,9 +242,18 @@ class Endpointer:
         whole = buf.size - buf.size % self._frame
         data = buf[:whole].tobytes()
         step = self._frame * 2
-        for k in range(0, len(data), step):
+        frames = buf[:whole].reshape(-1, self._frame).astype(np.float32)
+        energy_db = 10 * np.log10(np.mean(frames * frames, axis=1) / (32768.0 * 32768.0) + 1e-12)
+        for i, k in enumerate(range(0, len(data), step)):
+            self._gate(float(energy_db[i]))
             self._classified(self._vad.is_speech(data[k : k + step], self.config.rate))
         self._tail = buf[whole:].copy()
+
+    def _gate(self, energy_db: float) -> None:
+        """Track the noise floor and record whether this frame stands out of it."""
+        self._energy.append(energy_db)
+        gate = self.config.noise_gate_db
+        self._loud.append(gate is None or energy_db > min(self._energy) + gate)
 
     def events(self) -> list[VadEvent]:
         out, self._events = self._events, []
@@ -258,6 +277,8 @@ class Endpointer:
 
     def _settled(self, j: int, voiced: bool, sample: int) -> None:
         """Trimmed decision for frame ``j``, known at ``sample``: drive the state machine."""
+        back = self._frames_in - 1 - j  # frame j's energy verdict, counted from the newest
+        voiced = voiced and (back >= len(self._loud) or self._loud[-1 - back])
         self._window.append(voiced)
         onset = voiced and sum(self._window) >= self._start_need
         if self._state is State.SILENCE:
