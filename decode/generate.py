@@ -77,6 +77,20 @@ class Generator:
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         return self.tokenizer.encode(self.template.render(messages, add_generation_prompt))
 
+    def prefill(self, prompt_ids) -> int:
+        """Bring the KV cache up to ``prompt_ids`` without generating (e.g. the part of the next
+        prompt already known while waiting for the user); returns the tokens computed."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        if len(prompt_ids) >= self.n_ctx:
+            raise ContextLengthError(f"prompt has {len(prompt_ids)} tokens; the context holds {self.n_ctx}")
+        reuse = common_prefix(self.cached, prompt_ids)
+        if reuse == len(prompt_ids):
+            return 0
+        self.cached = self.cached[:reuse]
+        self.model.forward(self.state, prompt_ids[reuse:], reuse)
+        self.cached = list(prompt_ids)
+        return len(prompt_ids) - reuse
+
     def stream(self, prompt_ids, max_tokens: int = 128, sampling: SamplingParams = GREEDY,
                stop_ids=None) -> Iterator[Piece]:
         """Yield the generated pieces for ``prompt_ids``; stop at a stop token, ``max_tokens``,

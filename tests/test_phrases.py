@@ -60,12 +60,19 @@ def test_min_first_words():
 
 
 def test_first_phrase_forced_after_max_first_words():
-    chunker = PhraseChunker()
+    chunker = PhraseChunker(PhraseConfig(max_first_words=8))
     chunker.feed("one two three four five six seven eight")
     assert chunker.drain() == []  # "eight" may go on ("eighteen"): never cut inside a word
     chunker.feed(" nine ten eleven")
     assert chunker.drain() == [Phrase(text="one two three four five six seven eight", index=0, reason=Reason.LENGTH)]
     assert [p.text for p in chunker.flush()] == ["nine ten eleven"]
+
+
+def test_default_first_phrase_is_at_most_six_words():
+    chunker = PhraseChunker()
+    chunker.feed("We are open from 7 am to 6 pm.")
+    assert [p.text for p in chunker.drain()] == ["We are open from 7 am"]
+    assert [p.text for p in chunker.flush()] == ["to 6 pm."]
 
 
 def test_later_phrases_end_at_sentences_not_clauses():

@@ -47,4 +47,23 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
     tts.warmup()
     ack = np.concatenate(list(tts.synthesize(ACK_TEXT)) or [np.zeros(0, np.int16)])
     times["tts_ms"] = (time.perf_counter() - t) * 1000
+    t = time.perf_counter()
+    say("warming up with one full turn")
+    warm_turn(asr, llm, tts)
+    times["warmup_ms"] = (time.perf_counter() - t) * 1000
     return Engines(transcriber=asr, llm=llm, tts=tts, ack_pcm=ack), times
+
+
+def warm_turn(asr, llm, tts) -> None:
+    """Speech -> text -> answer -> speech once, so that the first real turn runs on warm
+    caches and allocated buffers; the conversation is reset afterwards (the persona stays
+    in the KV cache)."""
+    from .audio import resample, to_float
+    from .protocols import ASR_RATE
+
+    speech = np.concatenate(list(tts.synthesize("What time do you open tomorrow morning?")))
+    text = asr.transcribe(to_float(resample(speech, tts.sample_rate, ASR_RATE))).text
+    reply = "".join(llm.reply(text or "Hello"))
+    for _ in tts.synthesize(reply or "Hello."):
+        pass
+    llm.reset()

@@ -70,6 +70,12 @@ class LLMConversation:
             turns = turns[len(turns) - 2 * self.history_turns:] if self.history_turns else []
         return self._opening + turns
 
+    def prepare(self) -> int:
+        """Prefill what the next prompt will start with (the context up to the next user turn),
+        so a turn only computes its own tokens; returns the tokens computed."""
+        ids = self.generator.encode_chat(self.context(), add_generation_prompt=False)
+        return self.generator.prefill(ids)
+
     def prompt_ids(self, user_text: str) -> list[int]:
         return self.generator.encode_chat(self.context() + [{"role": "user", "content": user_text}])
 

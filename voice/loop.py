@@ -102,6 +102,7 @@ class VoiceLoop:
         self._n_turns = 0
         self.file_offsets: list[float] = []  # filled by drivers that play files
         self.non_speech = 0  # "utterances" whose transcript had no words
+        self._prepare = False  # idle work pending: prefill the next turn's context
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -200,10 +201,14 @@ class VoiceLoop:
         r.finished = True
 
     def has_work(self) -> bool:
-        return any(r is not None and not r.finished for r in (self._task, self._spec))
+        return self._prepare_due() or any(r is not None and not r.finished for r in (self._task, self._spec))
+
+    def _prepare_due(self) -> bool:
+        return self._prepare and self.turns.state is TurnState.LISTENING and self.vad.state is VadState.SILENCE
 
     def step(self) -> bool:
-        """Advance the current response (the confirmed one first) by one piece of work."""
+        """Advance the current response (the confirmed one first) by one piece of work; when
+        idle, prefill the context the next turn will start with."""
         for r in (self._task, self._spec):
             if r is not None and not r.finished:
                 try:
@@ -212,6 +217,11 @@ class VoiceLoop:
                     r.finished = True
                 self._housekeeping()
                 return True
+        if self._prepare_due():
+            self._prepare = False
+            with self.clock.working():
+                self.e.llm.prepare()
+            return True
         self._housekeeping()
         return False
 
@@ -321,6 +331,7 @@ class VoiceLoop:
             self.non_speech += 1
             return
         self.e.llm.commit(r.transcript, spoken)
+        self._prepare = True
         report = tr.report()
         self.reports.append(report)
         if self.on_report:

@@ -52,12 +52,12 @@ class Phrase:
 @dataclass(frozen=True, slots=True)
 class PhraseConfig:
     """Defaults: ``min_first_words=1`` so an opener like "Sure," or "Yes," is spoken at once
-    (the cheapest TTS call there is); ``max_first_words=8`` bounds the first phrase's TTS cost
-    (~50 ms with piper) when no clause mark comes; ``max_words=25`` keeps one TTS call under
+    (the cheapest TTS call there is); ``max_first_words=6`` bounds the first phrase's LLM and TTS
+    cost (~6-8 tokens, ~50 ms with piper) when no clause mark comes; ``max_words=25`` keeps one TTS call under
     ~200 ms while leaving whole sentences intact in practice."""
 
     min_first_words: int = 1
-    max_first_words: int = 8
+    max_first_words: int = 6
     max_words: int = 25
 
     def __post_init__(self) -> None:
