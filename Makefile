@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 run: setup
-	$(BIN)/wafervox generate --chat --max-tokens 96 --prompt "What makes a good voice assistant? Answer in two sentences."
+	$(BIN)/wafervox run
 
 test: setup
 	$(BIN)/python -m pytest -q
