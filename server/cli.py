@@ -123,9 +123,11 @@ def _loop_config(args):
 
 def _engines(args, console):
     from voice.engines import EngineOptions, load_engines
+    from voice.llm import Persona
 
+    persona = Persona.from_file(args.persona) if args.persona else None
     with console.status("loading engines") as status:
-        engines, times = load_engines(EngineOptions(tts=args.tts, model=args.model), progress=status.update)
+        engines, times = load_engines(EngineOptions(tts=args.tts, model=args.model), persona=persona, progress=status.update)
     console.print(f"[dim]engines ready: asr {times['asr_ms']:.0f} ms, llm {times['llm_ms']:.0f} ms, "
                   f"tts {times['tts_ms']:.0f} ms[/]")
     return engines
@@ -265,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--model", default=None, metavar="GGUF", help="LLM GGUF file (default SmolLM2-135M-Instruct)")
         sp.add_argument("--no-speculative", action="store_true", help="do not start answering at a pause")
         sp.add_argument("--ack", action="store_true", help="play a short acknowledgement when the answer is late")
+        sp.add_argument("--persona", metavar="JSON", help='system prompt and examples: {"system": "...", "examples": [[q, a], ...]} '
+                                                          "(default: the Bright Bakery persona the samples use)")
 
     r = sub.add_parser("run", help="the main job: play recorded conversations through the voice pipeline",
                        description="Play WAV files (or the bundled default conversation) through the full pipeline: "

@@ -115,3 +115,29 @@ def test_help_explains_generate():
     assert proc.returncode == 0
     for flag in ("--prompt", "--chat", "--max-tokens", "--greedy", "--model", "--json"):
         assert flag in proc.stdout
+
+
+def test_run_json_lines_contract(tmp_path):
+    wav = ROOT / "samples" / "morning_02_located.wav"
+    proc = wafervox("run", "--fast", "--json", str(wav), "--save-audio", str(tmp_path), "--plot", str(tmp_path / "w.png"))
+    assert proc.returncode == 0, proc.stderr
+    objs = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    turns, summary = objs[:-1], objs[-1]
+    assert len(turns) == 1 and "summary" in summary
+    t = turns[0]
+    for key in ("turn", "transcript", "reply", "latency_ms", "budget_ms", "within_budget", "mitigation"):
+        assert key in t
+    for key in ("endpoint_ms", "asr_ms", "llm_first_token_ms", "first_phrase_ms", "tts_first_audio_ms", "voice_to_voice_ms"):
+        assert t["latency_ms"][key] is not None
+    assert "located" in t["transcript"].lower() and "harbor" in t["reply"].lower()
+    assert summary["summary"]["turns"] == 1
+    assert (tmp_path / "agent.wav").stat().st_size > 10000 and (tmp_path / "w.png").stat().st_size > 1000
+
+
+def test_run_rejects_bad_input_in_one_line(tmp_path):
+    bad = tmp_path / "noise.wav"
+    bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot really")
+    assert_one_line_error(wafervox("run", str(bad)), "noise.wav")
+    assert_one_line_error(wafervox("run", str(tmp_path / "none.wav")), "not found")
+    assert_one_line_error(wafervox("run", "--conversation", "nope"), "nope")
+    assert_one_line_error(wafervox("run", "--budget-ms", "0"), "--budget-ms")

@@ -136,3 +136,30 @@ def test_barge_in_stops_playback_and_keeps_what_was_said(engines):
     said = [h["content"] for h in hist if h["role"] == "assistant"]
     assert first.reply.strip() in said
     assert "owner" in second.transcript.lower() and second.reply
+
+
+def test_acknowledgement_is_reported_apart_from_the_answer(engines):
+    from voice.loop import LoopConfig
+
+    engines.llm.reset()
+    cfg = LoopConfig(ack=True, ack_after_ms=0.0)  # acknowledge every turn at once
+    reports, _ = play_conversation(engines, [SAMPLES / "morning_02_located.wav"], realtime=False, config=cfg)
+    (r,) = reports
+    assert "ack" in r.mitigations
+    lat = r.latency_ms
+    assert lat["first_audio_ms"] < lat["voice_to_voice_ms"]  # the ack came first and is not the answer
+    assert "harbor" in r.reply.lower() and "hmm" not in r.reply.lower()
+
+
+def test_persona_from_file(tmp_path):
+    import json as _json
+
+    from voice.llm import Persona
+
+    p = tmp_path / "p.json"
+    p.write_text(_json.dumps({"system": "You sell bikes.", "examples": [["Hi?", "Hello!"]]}))
+    persona = Persona.from_file(p)
+    assert persona.opening()[0]["content"] == "You sell bikes." and len(persona.opening()) == 3
+    p.write_text("{}")
+    with pytest.raises(ValueError, match="bad persona"):
+        Persona.from_file(p)

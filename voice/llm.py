@@ -32,6 +32,22 @@ class Persona:
     system: str = DEFAULT_SYSTEM
     examples: tuple[tuple[str, str], ...] = DEFAULT_EXAMPLES
 
+    @classmethod
+    def from_file(cls, path) -> Persona:
+        """A JSON file ``{"system": "...", "examples": [["question", "answer"], ...]}``."""
+        import json
+        from pathlib import Path
+
+        try:
+            data = json.loads(Path(path).read_text())
+            system = data["system"]
+            examples = tuple((str(q), str(a)) for q, a in data.get("examples", []))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"bad persona file {path}: {exc} (expected {{\"system\": str, \"examples\": [[q, a], ...]}})") from None
+        if not isinstance(system, str) or not system.strip():
+            raise ValueError(f"bad persona file {path}: 'system' must be a non-empty string")
+        return cls(system=system, examples=examples)
+
     def opening(self) -> list[dict]:
         msgs = [{"role": "system", "content": self.system}]
         for q, a in self.examples:
