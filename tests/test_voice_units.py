@@ -133,3 +133,22 @@ def test_chunks_cover_the_signal():
     parts = list(chunks(x, 16000, 20))
     assert [c.start for c in parts] == [0, 320, 640, 960]
     assert np.array_equal(np.concatenate([c.pcm for c in parts]), x)
+
+
+def test_loop_input_buffer_stays_bounded_and_exact():
+    """Hours of input keep memory bounded; recent audio stays addressable by stream position.
+    (No engine is called: silence never starts a turn.)"""
+    from voice.audio import AudioChunk
+    from voice.loop import _KEEP_AUDIO_S, Engines, VoiceLoop
+
+    loop = VoiceLoop(Engines(transcriber=None, llm=None, tts=None), BufferSink(16000), VirtualClock())
+    n = 16000 * 2  # 2 s chunks
+    total = (3 * _KEEP_AUDIO_S) // 2 * n
+    for i in range(0, total, n):
+        pcm = np.full(n, (i // n) % 100, np.int16)
+        loop.feed(AudioChunk(pcm, 16000, i))
+    assert loop._pos == total
+    assert len(loop._audio) <= 4 * _KEEP_AUDIO_S * 16000
+    tail = loop._utterance(total - 3 * n, total - 1)
+    expect = np.concatenate([np.full(n, ((total - k * n) // n) % 100, np.int16) for k in (3, 2, 1)])
+    assert np.array_equal(np.round(tail[loop.cfg.padding_ms * 16:] * 32768).astype(np.int16), expect)

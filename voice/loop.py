@@ -91,7 +91,7 @@ class VoiceLoop:
         self.reports: list[TurnReport] = []
         self.barge_ins: list[dict] = []
         self._resamplers: dict[int, Resampler] = {}
-        self._audio = np.zeros(0, np.int16)  # input at ASR_RATE, from sample self._base on
+        self._audio = np.zeros(ASR_RATE * 8, np.int16)  # input at ASR_RATE from sample self._base on, grown by doubling
         self._base = 0
         self._pos = 0  # samples at ASR_RATE fed so far
         self._origin: float | None = None  # clock time of input sample 0
@@ -133,16 +133,27 @@ class VoiceLoop:
             rs = self._resamplers[chunk.rate] = Resampler(chunk.rate, ASR_RATE)
         pcm = rs(chunk.pcm)
         self._lag = rs.lag
-        self._audio = np.concatenate([self._audio, pcm])
-        self._pos += len(pcm)
-        if len(self._audio) > 2 * _KEEP_AUDIO_S * ASR_RATE and self._trace is None:
-            drop = len(self._audio) - _KEEP_AUDIO_S * ASR_RATE
-            self._audio = self._audio[drop:]
-            self._base += drop
+        self._store(pcm)
         self.vad.feed(pcm)
         for ev in self.vad.events():
             self._on_vad(ev)
         self._housekeeping()
+
+    def _store(self, pcm: np.ndarray) -> None:
+        """Append input audio; keep the last ``_KEEP_AUDIO_S`` seconds once no turn needs more."""
+        used = self._pos - self._base
+        if used + len(pcm) > len(self._audio):
+            keep = _KEEP_AUDIO_S * ASR_RATE
+            if used > 2 * keep and self._trace is None:
+                self._audio[:keep] = self._audio[used - keep:used]
+                self._base += used - keep
+                used = keep
+            if used + len(pcm) > len(self._audio):
+                grown = np.zeros(max(2 * len(self._audio), used + len(pcm)), np.int16)
+                grown[:used] = self._audio[:used]
+                self._audio = grown
+        self._audio[used:used + len(pcm)] = pcm
+        self._pos += len(pcm)
 
     def _utterance(self, first: int, last: int) -> np.ndarray:
         pad = self.cfg.padding_ms * ASR_RATE // 1000
