@@ -142,7 +142,7 @@ def test_acknowledgement_is_reported_apart_from_the_answer(engines):
     from voice.loop import LoopConfig
 
     engines.llm.reset()
-    cfg = LoopConfig(ack=True, ack_after_ms=0.0)  # acknowledge every turn at once
+    cfg = LoopConfig(ack=True, ack_after_ms=0.0, speculative=False)  # no head start: the answer is late, the ack covers it
     reports, _ = play_conversation(engines, [SAMPLES / "morning_02_located.wav"], realtime=False, config=cfg)
     (r,) = reports
     assert "ack" in r.mitigations
