@@ -163,3 +163,15 @@ def test_persona_from_file(tmp_path):
     p.write_text("{}")
     with pytest.raises(ValueError, match="bad persona"):
         Persona.from_file(p)
+
+
+def test_without_speculation_the_answer_still_plays(engines):
+    from voice.loop import LoopConfig
+
+    engines.llm.reset()
+    reports, _ = play_conversation(engines, [SAMPLES / "visit_01_address.wav"], realtime=False,
+                                   config=LoopConfig(speculative=False))
+    (r,) = reports
+    assert "speculative" not in r.mitigations
+    assert r.latency_ms["asr_ms"] > 0  # transcribed after the endpoint
+    assert r.voice_to_voice_ms is not None and "harbor" in r.reply.lower()

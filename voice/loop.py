@@ -198,7 +198,7 @@ class VoiceLoop:
     # -- responses ----------------------------------------------------------------------------
 
     def _start(self, first: int, last: int, speculative: bool) -> _Response:
-        r = _Response(first_voiced=first, last_voiced=last, speculative=speculative)
+        r = _Response(first_voiced=first, last_voiced=last, speculative=speculative, released=not speculative)
         r.gen = self._respond(r, self._utterance(first, last))
         return r
 
