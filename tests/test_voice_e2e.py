@@ -165,6 +165,20 @@ def test_persona_from_file(tmp_path):
         Persona.from_file(p)
 
 
+def test_partial_transcripts_come_from_the_speculative_path(engines):
+    partials = []
+    engines.llm.reset()
+    from voice.audio import chunks, read_wav
+    from voice.clock import VirtualClock
+    from voice.loop import VoiceLoop, run_stream
+
+    loop = VoiceLoop(engines, BufferSink(engines.tts.sample_rate), VirtualClock(), on_partial=partials.append)
+    pcm, rate = read_wav(SAMPLES / "morning_04_owner.wav")
+    run_stream(loop, chunks(pcm, rate))
+    assert partials and "owner" in partials[-1].lower()
+    assert loop.reports[0].transcript == partials[-1]
+
+
 def test_without_speculation_the_answer_still_plays(engines):
     from voice.loop import LoopConfig
 

@@ -78,12 +78,14 @@ class _Response:
 
 class VoiceLoop:
     def __init__(self, engines: Engines, sink, clock, config: LoopConfig | None = None,
-                 on_report: Callable[[TurnReport], None] | None = None):
+                 on_report: Callable[[TurnReport], None] | None = None,
+                 on_partial: Callable[[str], None] | None = None):
         self.e = engines
         self.sink = sink
         self.clock = clock
         self.cfg = config or LoopConfig()
         self.on_report = on_report
+        self.on_partial = on_partial  # speculative transcripts, while the user may still go on
         self.vad = Endpointer(self.cfg.endpointer)
         if self.cfg.endpointer.rate != ASR_RATE:
             raise ValueError(f"the loop runs its endpointer at {ASR_RATE} Hz")
@@ -244,6 +246,8 @@ class VoiceLoop:
             tr = self.e.transcriber.transcribe(audio)
         r.transcript = tr.text.strip()
         r.stamp("transcript", clock.now())
+        if r.speculative and self.on_partial and r.transcript:
+            self.on_partial(r.transcript)
         yield
         if not _has_words(r.transcript):
             return
