@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 run: setup
-	$(BIN)/wafervox run
+	$(BIN)/wafervox run --save-audio out --plot out/latency.png
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -162,7 +162,23 @@ def cmd_run(args) -> int:
             _print_turn(console, r)
 
     sink = BufferSink(engines.tts.sample_rate)
-    reports, loop = play_conversation(engines, files, realtime=args.realtime, config=config, on_report=on_report, sink=sink)
+    speaker = None
+    if args.speak:
+        from voice.audio import TeeSink
+        from voice.devices import Speaker
+
+        if not args.realtime:
+            raise CLIError("--speak needs real-time pacing (drop --fast)")
+        speaker = Speaker(engines.tts.sample_rate).start()
+        play_to = TeeSink(sink, speaker)
+    else:
+        play_to = sink
+    try:
+        reports, loop = play_conversation(engines, files, realtime=args.realtime, config=config, on_report=on_report,
+                                          sink=play_to)
+    finally:
+        if speaker is not None:
+            speaker.close()
     summary = summarize(reports)
     if args.json:
         print(json.dumps({"summary": summary}))
@@ -283,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="feed audio as fast as possible; time runs on a virtual clock that adds measured compute")
     r.add_argument("--json", action="store_true", help="JSON Lines: one object per turn, then {\"summary\": ...}")
     r.add_argument("--save-audio", metavar="DIR", help="write the agent's answer audio to DIR/agent.wav")
+    r.add_argument("--speak", action="store_true", help="also play the answers on the default sound device")
     r.add_argument("--plot", metavar="PNG", help="draw a per-turn latency waterfall")
     voice_flags(r)
     r.set_defaults(func=cmd_run)

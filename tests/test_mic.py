@@ -68,3 +68,20 @@ def test_mic_demo_hears_and_answers(pulse, tmp_path):
     pcm, rate = read_wav(out_wav)
     assert np.abs(pcm.astype(np.float32)).max() > 1000, "no agent audio reached the speaker"
     assert os.path.getsize(out_wav) > rate  # more than half a second of audio recorded
+
+
+def test_run_speaks_through_the_sound_device(pulse, tmp_path):
+    out_wav = tmp_path / "speaker.wav"
+    rec = pulse.record(out_wav)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "server.cli", "run", "--speak", "--json",
+                               str(SAMPLES / "visit_01_address.wav")], cwd=ROOT, env={**pulse.env, "PYTHONUNBUFFERED": "1"},
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        rec.terminate()
+        rec.wait(timeout=10)
+    assert proc.returncode == 0, proc.stderr
+    turn = json.loads(proc.stdout.splitlines()[0])
+    assert "harbor" in turn["reply"].lower()
+    pcm, _ = read_wav(out_wav)
+    assert np.abs(pcm.astype(np.float32)).max() > 1000, "no answer reached the speaker"

@@ -154,6 +154,22 @@ class BufferSink:
         return np.clip(out, -32768, 32767).astype(np.int16)
 
 
+class TeeSink:
+    """Plays into several sinks at once (e.g. a ``BufferSink`` for the record and a speaker)."""
+
+    def __init__(self, *sinks):
+        self.sinks = sinks
+        self.rate = sinks[0].rate
+
+    def play(self, t: float, pcm: np.ndarray) -> None:
+        for s in self.sinks:
+            s.play(t, pcm)
+
+    def clear_after(self, t: float) -> None:
+        for s in self.sinks:
+            s.clear_after(t)
+
+
 class QueueSource:
     """PCM pushed from another thread (a device callback, a websocket), read as chunks."""
 

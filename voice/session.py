@@ -30,7 +30,7 @@ def conversation_files(name: str = "default", samples: Path = SAMPLES) -> list[P
 
 
 def play_conversation(engines: Engines, files, realtime: bool = True, config: LoopConfig | None = None,
-                      on_report=None, sink: BufferSink | None = None, chunk_ms: int = 20) -> tuple[list[TurnReport], VoiceLoop]:
+                      on_report=None, sink=None, chunk_ms: int = 20) -> tuple[list[TurnReport], VoiceLoop]:
     """Feed ``files`` one after another into one loop (one conversation, history kept);
     each file's answer plays out before the next file starts."""
     clock = RealClock() if realtime else VirtualClock()
