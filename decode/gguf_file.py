@@ -84,10 +84,6 @@ class GGUFFile:
     metadata: dict
     tensors: dict[str, Tensor]
 
-    @property
-    def weight_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors.values())
-
 
 def _field(reader, key, default=None, required=True):
     field = reader.fields.get(key)

@@ -131,10 +131,6 @@ class RunState:
         self.k_cache = np.zeros((cfg.n_layers, n_ctx, kv), np.float32)
         self.v_cache = np.zeros((cfg.n_layers, n_ctx, kv), np.float32)
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.k_cache.shape[0] * self.k_cache.shape[2] * 4
-
 
 class Model:
     """A loaded GGUF model: config, weights (shared, read-only) and RoPE tables.
