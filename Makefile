@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.wafervox-setup
-APT_PACKAGES := libportaudio2 espeak-ng pulseaudio pulseaudio-utils libasound2-plugins
+APT_PACKAGES := libportaudio2 espeak-ng pulseaudio pulseaudio-utils libasound2-plugins chromium
 BENCH_VENV := bench/.venv-llamacpp
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 

@@ -66,6 +66,19 @@ class Generator:
         self.cached: list[int] = []  # token ids whose K/V sit at positions 0..len-1
         self.last: GenerationStats | None = None
 
+    def fork(self) -> Generator:
+        """Another sequence on the same loaded model, tokenizer and template (nothing is reloaded),
+        starting from a copy of this one's cached prefix; use each from one thread at a time."""
+        g = object.__new__(Generator)
+        g.model, g.tokenizer, g.template = self.model, self.tokenizer, self.template
+        g.state = self.model.new_state()
+        n = len(self.cached)
+        g.state.k_cache[:, :n] = self.state.k_cache[:, :n]
+        g.state.v_cache[:, :n] = self.state.v_cache[:, :n]
+        g.cached = list(self.cached)
+        g.last = None
+        return g
+
     @property
     def n_ctx(self) -> int:
         return self.model.n_ctx

@@ -240,6 +240,95 @@ def cmd_mic(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from rich.console import Console
+
+    from voice.engines import SharedEngines
+
+    from .app import ServerOptions, VoiceServer
+    from .session import Limits
+
+    console = Console(stderr=True)
+    for name, v in (("--max-sessions", args.max_sessions), ("--max-message-bytes", args.max_message_bytes),
+                    ("--max-input-s", args.max_input_s), ("--max-output-bytes", args.max_output_bytes),
+                    ("--idle-timeout", args.idle_timeout)):
+        if v <= 0:
+            raise CLIError(f"{name} must be > 0")
+    if not 0 <= args.port <= 65535:
+        raise CLIError("--port must be in 0..65535")
+    token = args.token or os.environ.get("WAFERVOX_TOKEN") or None
+    if args.host not in ("127.0.0.1", "::1", "localhost") and not token:
+        console.print(f"[yellow]warning: listening on {args.host} without --token: anyone who can reach it can talk to it[/]")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    limits = Limits(max_sessions=args.max_sessions, max_message_bytes=args.max_message_bytes, max_input_s=args.max_input_s,
+                    max_output_bytes=args.max_output_bytes, idle_timeout_s=args.idle_timeout)
+    opts = ServerOptions(host=args.host, port=args.port, token=token, origins=tuple(args.allow_origin), limits=limits,
+                         loop_config=_loop_config(args))
+    from voice.engines import EngineOptions
+    from voice.llm import Persona
+
+    persona = Persona.from_file(args.persona) if args.persona else None
+    with console.status("loading engines") as status:
+        shared, times = SharedEngines.load(EngineOptions(tts=args.tts, model=args.model), persona=persona, progress=status.update)
+    console.print(f"[dim]engines ready: asr {times['asr_ms']:.0f} ms, llm {times['llm_ms']:.0f} ms, tts {times['tts_ms']:.0f} ms[/]")
+
+    async def main() -> None:
+        server = VoiceServer(shared, opts)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await server.start()
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"listening on http://{host}:{server.port}", flush=True)
+        console.print(f"[dim]demo page http://{host}:{server.port}/ · realtime ws://{host}:{server.port}/v1/realtime · "
+                      f"native ws://{host}:{server.port}/v1/stream · /healthz · /metrics · Ctrl-C stops[/]")
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_client(args) -> int:
+    import asyncio
+
+    from rich.console import Console
+
+    from .client import ClientOptions, run_client
+
+    if args.timeout <= 0:
+        raise CLIError("--timeout must be > 0")
+    token = args.token or os.environ.get("WAFERVOX_TOKEN") or None
+    console = Console(stderr=args.json)
+    opts = ClientOptions(url=args.url, token=token, native=args.native, rate=args.rate, tail_s=args.tail_s, timeout_s=args.timeout)
+
+    def on_turn(t):
+        if args.json:
+            print(json.dumps(t), flush=True)
+        else:
+            lat = t["latency_ms"]
+            verdict = "[green]within budget[/]" if t["within_budget"] else "[red]over budget[/]"
+            console.print(f"[bold]turn {t['turn']}[/]  user: {t['transcript']!r}\n        agent: {t['reply']!r}")
+            console.print(f"        voice-to-voice {_fmt_ms(lat['voice_to_voice_ms'])} ms on this client's clock "
+                          f"(server's own {_fmt_ms(t['server_voice_to_voice_ms'])} ms), {verdict}")
+
+    summary = asyncio.run(run_client(args.wav, opts, on_turn=on_turn, progress=None if args.json else console.print))
+    if args.json:
+        print(json.dumps({"summary": summary}), flush=True)
+    else:
+        v = summary["voice_to_voice_ms"]
+        console.print(f"{summary['turns']} turns: voice-to-voice p50 {_fmt_ms(v['p50'])} ms, p95 {_fmt_ms(v['p95'])} ms "
+                      f"(client clock); budget hit rate {summary['budget_hit_rate']}")
+    return 0 if summary["turns"] else 1
+
+
 def cmd_bench(args) -> int:
     root = Path(__file__).resolve().parent.parent
     script = root / "bench" / f"{args.name}.py"
@@ -310,6 +399,41 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true", help="JSON Lines: one object per turn, then {\"summary\": ...}")
     voice_flags(m)
     m.set_defaults(func=cmd_mic)
+
+    sv = sub.add_parser("serve", help="websocket server (OpenAI Realtime subset) + browser demo page",
+                        description="Serve the voice loop to websocket clients: /v1/realtime speaks a subset of the OpenAI "
+                                    "Realtime API (the openai SDK connects with websocket_base_url=ws://HOST:PORT/v1), "
+                                    "/v1/stream takes and sends raw PCM16 binary frames; every turn ends with a turn.latency "
+                                    "event. GET / is a browser demo, /healthz and /metrics (Prometheus) are for operators.")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 = any free port, printed when ready)")
+    sv.add_argument("--token", default=None, help="require this bearer token (default: $WAFERVOX_TOKEN, else none)")
+    sv.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                    help="browser Origin allowed besides the server's own pages (repeatable; '*' allows any)")
+    sv.add_argument("--max-sessions", type=int, default=4, help="concurrent sessions; more are refused with close code 1013 (default 4)")
+    sv.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest client message (default 1 MiB)")
+    sv.add_argument("--max-input-s", type=float, default=30.0, help="longest utterance and input backlog, in seconds (default 30)")
+    sv.add_argument("--max-output-bytes", type=int, default=8 << 20,
+                    help="output queued for a client that does not read before audio is dropped (default 8 MiB)")
+    sv.add_argument("--idle-timeout", type=float, default=300.0, help="close a session silent for this many seconds (default 300)")
+    sv.add_argument("-v", "--verbose", action="store_true", help="log sessions and errors to stderr")
+    voice_flags(sv)
+    sv.set_defaults(func=cmd_serve)
+
+    c = sub.add_parser("client", help="stream a WAV to a server in real time and time the answers on this side",
+                       description="Stream WAV audio to a wafervox server at real-time pace and print each turn with "
+                                   "voice-to-voice measured on this client's clock: first answer audio sample received "
+                                   "minus last voiced sample sent.")
+    c.add_argument("wav", nargs="+", help="WAV file(s), streamed one after the other as one conversation")
+    c.add_argument("--url", default="ws://127.0.0.1:8765/v1/realtime", help="server URL (default ws://127.0.0.1:8765/v1/realtime; "
+                                                                        "a /v1/stream URL uses binary frames)")
+    c.add_argument("--native", action="store_true", help="use the native binary path (/v1/stream) whatever the URL's path")
+    c.add_argument("--rate", type=int, default=24000, help="input sample rate to send (default 24000)")
+    c.add_argument("--tail-s", type=float, default=3.0, help="silence streamed after the audio while answers finish (default 3)")
+    c.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds (default 300)")
+    c.add_argument("--token", default=None, help="bearer token (default: $WAFERVOX_TOKEN)")
+    c.add_argument("--json", action="store_true", help="JSON Lines: one object per turn, then {\"summary\": ...}")
+    c.set_defaults(func=cmd_client)
 
     b = sub.add_parser("bench", help="run a benchmark from bench/ (e.g. decode)",
                        description="Run bench/NAME.py with this interpreter; extra arguments are passed on.")

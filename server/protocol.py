@@ -17,7 +17,8 @@ the new effective ``SessionConfig`` and the adapter answers with ``session.sessi
 
 Our extensions, in the same style: client ``output_audio.played`` (``sample``: index, in output samples
 since the session began, of the sample the client has started playing; optional ``response_id``,
-``item_id``) and ``session.latency`` (a request); server ``turn.latency`` (``report``: exactly
+``item_id``, and ``input_sample``: how many input samples the client had sent at that moment, which
+puts voice-to-voice on the client's own audio clock) and ``session.latency`` (a request); server ``turn.latency`` (``report``: exactly
 ``voice.latency.TurnReport.to_dict()``) and ``session.latency`` (``summary``, e.g.
 ``voice.latency.summarize(...)``).  We also accept ``audio/pcm`` rates other than 24000 (8000..48000),
 which the openai types do not allow; a session at another rate reports it, outside openai's schema.
@@ -81,11 +82,12 @@ def decode_pcm(text: str) -> np.ndarray:
 
 @dataclass(frozen=True, slots=True)
 class TurnDetection:
-    """``audio.input.turn_detection`` of type ``server_vad`` (the only type we run)."""
+    """``audio.input.turn_detection`` of type ``server_vad`` (the only type we run).  The defaults are
+    our endpointer's (``voice.vad``), not OpenAI's 300 / 500 ms: every ms of silence is spent from the budget."""
 
     threshold: float = 0.5
-    prefix_padding_ms: int = 300
-    silence_duration_ms: int = 500
+    prefix_padding_ms: int = 200
+    silence_duration_ms: int = 400
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: int | None = None
@@ -195,6 +197,7 @@ class OutputAudioPlayed:
     sample: int
     response_id: str | None
     item_id: str | None
+    input_sample: int | None = None  # input samples the client had sent when it started playing ``sample``
 
 
 @dataclass(frozen=True, slots=True)
@@ -597,7 +600,8 @@ class ProtocolSession:
 
     def _played(self, msg: dict, event_id: str | None) -> OutputAudioPlayed:
         return OutputAudioPlayed(event_id=event_id, sample=_nonneg(_get(msg, "sample", int, "", required=True), "sample"),
-                                 response_id=_get(msg, "response_id", str, ""), item_id=_get(msg, "item_id", str, ""))
+                                 response_id=_get(msg, "response_id", str, ""), item_id=_get(msg, "item_id", str, ""),
+                                 input_sample=_nonneg(_get(msg, "input_sample", int, ""), "input_sample"))
 
     _PARSERS: ClassVar[dict[str, Callable[[ProtocolSession, dict, str | None], ClientEvent]]] = {
         SessionUpdate.TYPE: _session_update,

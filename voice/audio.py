@@ -115,6 +115,17 @@ class Resampler:
         self._out += len(y)
         return to_pcm16(y)
 
+    def flush(self) -> np.ndarray:
+        """The output still held in the filter (end of a stream); the resampler starts afresh."""
+        if self._stream is None:
+            return np.zeros(0, np.int16)
+        import soxr
+
+        y = self._stream.resample_chunk(np.zeros(0, np.float32), last=True)
+        self._stream = soxr.ResampleStream(self.src, self.dst, 1, dtype="float32", quality="HQ")
+        self._in = self._out = 0
+        return to_pcm16(y)
+
     @property
     def lag(self) -> int:
         """Output samples owed for the input so far (the filter delay)."""

@@ -105,5 +105,10 @@ class LLMConversation:
         """Record the turn as it was heard."""
         self.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": spoken.strip()}]
 
+    def amend_last(self, spoken: str) -> None:
+        """The last answer was heard only up to ``spoken`` (the client truncated it)."""
+        if len(self.history) > len(self._opening) and self.history[-1]["role"] == "assistant":
+            self.history[-1] = {"role": "assistant", "content": spoken.strip()}
+
     def reset(self) -> None:
         self.history = list(self._opening)

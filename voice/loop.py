@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -45,6 +45,8 @@ class LoopConfig:
     #: The loop pauses earlier than the endpointer's own default (150 ms): speculative work that
     #: starts 30 ms sooner is 30 ms of budget; a false pause costs one discarded transcription.
     endpointer: EndpointerConfig = field(default_factory=lambda: EndpointerConfig(pause_ms=120))
+    turn_detection: bool = True  # False: turns end only by ``commit_input()`` (the VAD still runs, for bounds)
+    barge_in: bool = True  # speech over the answer interrupts it (False: speech while speaking is ignored)
 
 
 @dataclass
@@ -64,6 +66,8 @@ class _Response:
     speculative: bool
     stamps: dict = field(default_factory=dict)
     transcript: str = ""
+    transcribed: bool = False
+    announced: int = 0  # phrases announced through on_event("phrase")
     phrases: list[str] = field(default_factory=list)
     spans: list[tuple[int, float, float]] = field(default_factory=list)  # (phrase index, start s, end s)
     held: list[tuple[int, np.ndarray]] = field(default_factory=list)
@@ -79,14 +83,23 @@ class _Response:
 class VoiceLoop:
     def __init__(self, engines: Engines, sink, clock, config: LoopConfig | None = None,
                  on_report: Callable[[TurnReport], None] | None = None,
-                 on_partial: Callable[[str], None] | None = None):
+                 on_partial: Callable[[str], None] | None = None,
+                 on_event: Callable[[str, dict], None] | None = None):
         self.e = engines
         self.sink = sink
         self.clock = clock
         self.cfg = config or LoopConfig()
         self.on_report = on_report
         self.on_partial = on_partial  # speculative transcripts, while the user may still go on
+        #: Adapters (the server) follow a turn through ``on_event(kind, info)``: "speech_started"
+        #: {sample}, "speech_stopped" {first_voiced, last_voiced, sample}, "transcript" {text} (final, for the
+        #: confirmed answer), "response_started" {}, "phrase" {index, text} (just before its first
+        #: audio), "turn_end" {transcript, spoken, cancelled, reason, report}.  Samples are input
+        #: samples at ASR_RATE since the session began.
+        self.on_event = on_event
         self.vad = Endpointer(self.cfg.endpointer)
+        self._vad_offset = 0  # input sample at which the current endpointer started
+        self._ignoring = False  # an utterance over the answer, with barge-in off
         if self.cfg.endpointer.rate != ASR_RATE:
             raise ValueError(f"the loop runs its endpointer at {ASR_RATE} Hz")
         self.turns = TurnMachine()
@@ -107,6 +120,11 @@ class VoiceLoop:
         self.file_offsets: list[float] = []  # filled by drivers that play files
         self.non_speech = 0  # "utterances" whose transcript had no words
         self._prepare = False  # idle work pending: prefill the next turn's context
+        self._commit_base = 0  # manual turns: input from here on is the next utterance
+
+    def _emit(self, kind: str, **info) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, info)
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -119,6 +137,15 @@ class VoiceLoop:
     def input_time(self) -> float:
         """Clock time of the end of the input fed so far."""
         return (self._origin or 0.0) + (self._pos + self._lag) / ASR_RATE
+
+    def buffered_s(self) -> float:
+        """Seconds of input the unanswered utterance holds so far (what a server's buffer limit caps)."""
+        if not self.cfg.turn_detection:
+            return (self._pos - self._commit_base) / ASR_RATE
+        if self._trace is None or self._task is not None or self.vad.state is VadState.SILENCE:
+            return 0.0
+        start = self._trace.stamps.get("speech_start")
+        return 0.0 if start is None else max(0.0, self.input_time - start)
 
     @property
     def speaking(self) -> bool:
@@ -136,10 +163,92 @@ class VoiceLoop:
         pcm = rs(chunk.pcm)
         self._lag = rs.lag
         self._store(pcm)
+        if self.clock.realtime and self.audio_time(self._pos) > self.clock.now():
+            # Input that arrives faster than real time (a client sending a file at once) cannot have
+            # been captured in the future: anchor its end at its arrival.
+            self._origin -= self.audio_time(self._pos) - self.clock.now()
         self.vad.feed(pcm)
         for ev in self.vad.events():
+            if self._vad_offset:
+                ev = replace(ev, **{f.name: getattr(ev, f.name) + self._vad_offset for f in fields(ev)
+                                    if f.name in ("sample", "first_voiced_sample", "last_voiced_sample", "start_pad", "end_pad")})
             self._on_vad(ev)
         self._housekeeping()
+
+    # -- control (the server's client events) --------------------------------------------------
+
+    def configure(self, config: LoopConfig) -> None:
+        """New settings; a new endpointer config restarts the VAD (an utterance in progress is dropped)."""
+        if config.endpointer != self.cfg.endpointer:
+            if config.endpointer.rate != ASR_RATE:
+                raise ValueError(f"the loop runs its endpointer at {ASR_RATE} Hz")
+            self._restart_vad(config.endpointer)
+        self.cfg = config
+
+    def _restart_vad(self, ecfg: EndpointerConfig | None = None) -> None:
+        self.vad = Endpointer(ecfg or self.cfg.endpointer)
+        self._vad_offset = self._pos
+        self._ignoring = False
+        self._drop_spec()
+        if self._task is None:
+            self._trace = None
+
+    def clear_input(self) -> None:
+        """Forget the input not yet answered (``input_audio_buffer.clear``)."""
+        self._restart_vad()
+        self._commit_base = self._pos
+
+    def commit_input(self) -> bool:
+        """End the user's turn now (manual turn detection): the input since the last commit is the
+        utterance.  False when there is nothing to commit or an answer is still in progress."""
+        if self._task is not None or self._pos <= self._commit_base:
+            return False
+        first, last = self._commit_base, self._pos - 1
+        self._commit_base = self._pos
+        self._drop_spec()
+        self._restart_vad()
+        now = self.clock.now()
+        self._new_trace()
+        self._trace.mark("speech_start", self.audio_time(first), overwrite=True)
+        self._trace.mark("last_voiced", self.audio_time(last), overwrite=True)
+        self._trace.mark("endpoint", max(now, self.audio_time(last)), overwrite=True)
+        self.turns.fire(TurnEvent.SPEECH_STOPPED)
+        self._emit("speech_stopped", first_voiced=first, last_voiced=last, sample=self._pos)
+        self._task = self._start(first, last, speculative=False)
+        return True
+
+    def respond_text(self, text: str) -> bool:
+        """Answer a typed user message (``conversation.item.create`` + ``response.create``); the
+        turn has no voice stages.  False while another answer is in progress."""
+        if self._task is not None:
+            return False
+        self._drop_spec()
+        self._new_trace()
+        self._trace.mark("endpoint", self.clock.now(), overwrite=True)
+        self.turns.fire(TurnEvent.SPEECH_STOPPED)
+        r = _Response(first_voiced=self._pos, last_voiced=self._pos, speculative=False, released=True)
+        r.gen = self._respond(r, None, text=text)
+        self._task = r
+        return True
+
+    def cancel(self, reason: str = "client_cancelled") -> bool:
+        """Stop the answer in progress (``response.cancel``), keeping what was heard."""
+        if self._task is None or self._task.finished and not self.speaking:
+            return False
+        self._interrupt(self.clock.now(), reason)
+        return True
+
+    def amend_reply(self, spoken: str) -> None:
+        """The client says less of the last answer was heard (``conversation.item.truncate``)."""
+        amend = getattr(self.e.llm, "amend_last", None)
+        if amend is not None:
+            amend(spoken)
+            self._prepare = True
+
+    def _new_trace(self) -> None:
+        self._n_turns += 1
+        self._trace = TurnTrace(turn=self._n_turns, budget_ms=self.cfg.budget_ms)
+        self._ack_played = False
 
     def _store(self, pcm: np.ndarray) -> None:
         """Append input audio; keep the last ``_KEEP_AUDIO_S`` seconds once no turn needs more."""
@@ -165,13 +274,21 @@ class VoiceLoop:
 
     def _on_vad(self, ev) -> None:
         now = self.clock.now()
+        if not self.cfg.turn_detection:
+            return
+        busy = self.turns.state is not TurnState.LISTENING or (self._task and not self._task.finished)
+        if isinstance(ev, SpeechStarted) and busy and not self.cfg.barge_in:
+            self._ignoring = True
+        if self._ignoring:
+            if isinstance(ev, SpeechStopped):
+                self._ignoring = False
+            return
         if isinstance(ev, SpeechStarted):
-            if self.turns.state is not TurnState.LISTENING or (self._task and not self._task.finished):
+            self._emit("speech_started", sample=ev.first_voiced_sample, barge_in=bool(busy))  # before the answer is cut
+            if busy:
                 self._barge_in(ev, now)
             if self._trace is None:
-                self._n_turns += 1
-                self._trace = TurnTrace(turn=self._n_turns, budget_ms=self.cfg.budget_ms)
-                self._ack_played = False
+                self._new_trace()
             self._trace.mark("speech_start", self.audio_time(ev.first_voiced_sample), overwrite=True)
             self.turns.fire(TurnEvent.SPEECH_STARTED)
         elif isinstance(ev, Pause):
@@ -185,6 +302,8 @@ class VoiceLoop:
             self._trace.mark("last_voiced", self.audio_time(ev.last_voiced_sample), overwrite=True)
             self._trace.mark("endpoint", max(now, self.audio_time(ev.sample)), overwrite=True)
             self.turns.fire(TurnEvent.SPEECH_STOPPED)
+            self._emit("speech_stopped", first_voiced=ev.first_voiced_sample, last_voiced=ev.last_voiced_sample, sample=ev.sample)
+            self._commit_base = self._pos
             spec = self._spec
             self._spec = None
             if spec is not None and spec.last_voiced == ev.last_voiced_sample:
@@ -240,14 +359,20 @@ class VoiceLoop:
         self._housekeeping()
         return False
 
-    def _respond(self, r: _Response, audio: np.ndarray):
+    def _respond(self, r: _Response, audio: np.ndarray | None, text: str | None = None):
         clock = self.clock
-        with clock.working():
-            tr = self.e.transcriber.transcribe(audio)
-        r.transcript = tr.text.strip()
+        if text is None:
+            with clock.working():
+                tr = self.e.transcriber.transcribe(audio)
+            r.transcript = tr.text.strip()
+        else:
+            r.transcript = text.strip()
+        r.transcribed = True
         r.stamp("transcript", clock.now())
         if r.speculative and self.on_partial and r.transcript:
             self.on_partial(r.transcript)
+        if r.released:
+            self._confirmed(r)
         yield
         if not _has_words(r.transcript):
             return
@@ -293,9 +418,17 @@ class VoiceLoop:
         finally:
             synth.close()
 
+    def _confirmed(self, r: _Response) -> None:
+        """``r`` is the answer and its transcript is known: tell the adapter."""
+        self._emit("transcript", text=r.transcript)
+        if _has_words(r.transcript):
+            self._emit("response_started")
+
     def _release(self, r: _Response) -> None:
         """The endpoint confirmed ``r``: its held audio may play now."""
         r.released = True
+        if r.transcribed:
+            self._confirmed(r)
         for index, pcm in r.held:
             self._play(r, index, pcm)
         r.held.clear()
@@ -303,6 +436,9 @@ class VoiceLoop:
     def _play(self, r: _Response, index: int, pcm: np.ndarray) -> None:
         rate = self.e.tts.sample_rate
         t = max(self.clock.now(), self._play_cursor)
+        while r.announced <= index:
+            self._emit("phrase", index=r.announced, text=r.phrases[r.announced])
+            r.announced += 1
         self.sink.play(t, pcm)
         self._play_cursor = t + len(pcm) / rate
         r.spans.append((index, t, self._play_cursor))
@@ -335,7 +471,7 @@ class VoiceLoop:
                 self.turns.fire(TurnEvent.ANSWER_DONE)
             self._finish_turn(r, spoken=" ".join(r.phrases), cut_at=None)
 
-    def _finish_turn(self, r: _Response, spoken: str, cut_at: float | None) -> None:
+    def _finish_turn(self, r: _Response, spoken: str, cut_at: float | None, reason: str | None = None) -> None:
         tr = self._trace
         for k, v in r.stamps.items():
             tr.mark(k, v)
@@ -346,16 +482,24 @@ class VoiceLoop:
         self._trace = None
         if not _has_words(r.transcript):  # a noise, a breath, a click: not a user turn
             self.non_speech += 1
+            self._emit("turn_end", transcript=r.transcript, spoken="", cancelled=reason is not None, reason=reason, report=None)
             return
         self.e.llm.commit(r.transcript, spoken)
         self._prepare = True
         report = tr.report()
-        self.reports.append(report)
+        if "last_voiced" in tr.stamps:  # typed turns have no voice-to-voice: kept out of the voice figures
+            self.reports.append(report)
+        self._emit("turn_end", transcript=r.transcript, spoken=spoken, cancelled=reason is not None, reason=reason, report=report)
         if self.on_report:
             self.on_report(report)
 
     def _barge_in(self, ev: SpeechStarted, now: float) -> None:
         """The user speaks over the answer: stop the audio, keep what was heard."""
+        self.barge_ins.append({"speech_at": self.audio_time(ev.first_voiced_sample),
+                               "detected_at": self.audio_time(ev.sample), "stopped_at": now})
+        self._interrupt(now, "turn_detected")
+
+    def _interrupt(self, now: float, reason: str) -> None:
         r = self._task
         self.sink.clear_after(now)
         self._play_cursor = min(self._play_cursor, now)
@@ -370,12 +514,12 @@ class VoiceLoop:
                 heard.append(_prefix_words(text, played / total if total > 0 else 0.0))
             self._close(r)
         self._drop_spec()
-        self.barge_ins.append({"speech_at": self.audio_time(ev.first_voiced_sample),
-                               "detected_at": self.audio_time(ev.sample), "stopped_at": now})
         if self._trace is not None and r is not None:
-            self._trace.barge_in = True
+            self._trace.barge_in = reason == "turn_detected"
+            if reason != "turn_detected":
+                self._trace.mitigate("cancelled")
             self.turns.fire(TurnEvent.BARGE_IN)
-            self._finish_turn(r, spoken=" ".join(h for h in heard if h), cut_at=now)
+            self._finish_turn(r, spoken=" ".join(h for h in heard if h), cut_at=now, reason=reason)
         elif self.turns.can(TurnEvent.BARGE_IN):
             self.turns.fire(TurnEvent.BARGE_IN)
 

@@ -1,0 +1,280 @@
+"""``wafervox serve``: the asyncio websockets adapter around ``RealtimeSession``.
+
+The event loop only does I/O: HTTP routes (``/`` the demo page, ``/static/*``, ``/healthz``,
+``/metrics``), the handshake checks (token, Origin, session count), reading client messages
+into their session, and writing each session's output with a bounded buffer.  Sessions compute
+on their own threads (``server.session``), sharing the engines loaded once (``SharedEngines``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import mimetypes
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from voice.loop import LoopConfig
+
+from .metrics import CONTENT_TYPE, Metrics
+from .protocol import IdSource, ProtocolError
+from .session import Limits, RealtimeSession
+
+log = logging.getLogger("wafervox.server")
+STATIC = Path(__file__).parent / "static"
+WS_PATHS = ("/v1/realtime", "/v1/stream")
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+
+
+@dataclass
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    token: str | None = None  # required bearer token (header, subprotocol or ?token=)
+    origins: tuple[str, ...] = ()  # allowed browser Origins besides the server's own
+    limits: Limits = field(default_factory=Limits)
+    loop_config: LoopConfig = field(default_factory=LoopConfig)
+
+
+class _Ids:
+    """One id source for the whole server (ids unique across sessions), safe across session threads."""
+
+    def __init__(self):
+        self._ids = IdSource()
+        self._lock = threading.Lock()
+
+    def __call__(self, prefix: str) -> str:
+        with self._lock:
+            return self._ids(prefix)
+
+
+class _Outbox:
+    """A session's output towards a client: filled from the session thread, emptied by a sender task.
+    Audio beyond ``limit`` queued bytes is dropped with one ``error`` event per overflow; a client
+    that lets even the events pile up past twice the limit is disconnected."""
+
+    def __init__(self, ws: ServerConnection, loop: asyncio.AbstractEventLoop, limit: int, metrics: Metrics):
+        self.ws, self.loop, self.limit, self.metrics = ws, loop, limit, metrics
+        self.queue: deque[str | bytes] = deque()
+        self.bytes = 0
+        self.dropping = False
+        self.ready = asyncio.Event()
+        self.session: RealtimeSession | None = None
+        self.closed = False
+
+    def emit(self, frame: str | bytes, droppable: bool) -> None:  # any thread
+        try:
+            self.loop.call_soon_threadsafe(self._put, frame, droppable)
+        except RuntimeError:  # the event loop is gone (server shutting down)
+            pass
+
+    def close(self, code: int, reason: str) -> None:  # any thread
+        try:
+            self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.ws.close(code, reason)))
+        except RuntimeError:
+            pass
+
+    def _put(self, frame: str | bytes, droppable: bool) -> None:
+        if self.closed:
+            return
+        n = len(frame)
+        if droppable and self.bytes + n > self.limit:
+            self.metrics.dropped.inc(n)
+            if not self.dropping:
+                self.dropping = True
+                err = ProtocolError("output_buffer_full", f"the client is not reading: more than {self.limit} bytes of output "
+                                    "are queued; audio is being dropped", type="server_error")
+                self.metrics.error(err.code)
+                self._put(self.session.proto.error(err).to_json(), False)
+            return
+        if not droppable and self.bytes + n > 2 * self.limit:
+            self.closed = True
+            self.metrics.error("client_not_reading")
+            asyncio.ensure_future(self.ws.close(1008, "client is not reading its output"))
+            return
+        self.queue.append(frame)
+        self.bytes += n
+        self.ready.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.ready.wait()
+            while self.queue:
+                frame = self.queue.popleft()
+                try:
+                    await self.ws.send(frame)  # waits while the socket's write buffer is full
+                finally:
+                    self.bytes -= len(frame)
+                if self.dropping and self.bytes < self.limit // 2:
+                    self.dropping = False
+            self.ready.clear()
+
+
+class VoiceServer:
+    def __init__(self, shared, options: ServerOptions | None = None, metrics: Metrics | None = None):
+        self.shared = shared
+        self.opts = options or ServerOptions()
+        self.metrics = metrics or Metrics()
+        self.ids = _Ids()
+        self.sessions: set[RealtimeSession] = set()
+        self._conns: dict[ServerConnection, RealtimeSession] = {}
+        self._n = 0
+        self.port: int | None = None
+        self._server = None
+
+    # -- HTTP and the handshake --------------------------------------------------------------------
+
+    def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        url = urlsplit(request.path)
+        path = url.path
+        if path in WS_PATHS:
+            return self._check_ws(conn, request, parse_qs(url.query))
+        if path == "/healthz":
+            body = {"status": "ok", "sessions": len(self.sessions), "max_sessions": self.opts.limits.max_sessions}
+            return _response(HTTPStatus.OK, json.dumps(body).encode(), "application/json")
+        if path == "/metrics":
+            return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE)
+        if path == "/" or path.startswith("/static/"):
+            name = "index.html" if path == "/" else path[len("/static/"):]
+            f = (STATIC / name).resolve()
+            if f.parent == STATIC.resolve() and f.is_file():
+                ctype = mimetypes.guess_type(f.name)[0] or "application/octet-stream"
+                if ctype.startswith("text/") or ctype.endswith("javascript"):
+                    ctype += "; charset=utf-8"
+                return _response(HTTPStatus.OK, f.read_bytes(), ctype)
+        return _response(HTTPStatus.NOT_FOUND, f"not found: {path}\n".encode(), "text/plain")
+
+    def _check_ws(self, conn: ServerConnection, request: Request, query: dict) -> Response | None:
+        origin = request.headers.get("Origin")
+        if origin is not None and not self._origin_ok(origin, request.headers.get("Host", "")):
+            self.metrics.rejected.labels("origin").inc()
+            body = f"origin {origin} is not allowed (allow it with --allow-origin)\n".encode()
+            return _response(HTTPStatus.FORBIDDEN, body, "text/plain")
+        if self.opts.token:
+            offered = _token(request.headers, query)
+            if offered is None or not hmac.compare_digest(offered.encode(), self.opts.token.encode()):
+                self.metrics.rejected.labels("token").inc()
+                what = "missing" if offered is None else "wrong"
+                return _response(HTTPStatus.UNAUTHORIZED, f"{what} token: send 'Authorization: Bearer <token>', the subprotocol "
+                                 f"'{KEY_SUBPROTOCOL}<token>' or ?token=<token>\n".encode(), "text/plain")
+        return None
+
+    def _origin_ok(self, origin: str, host: str) -> bool:
+        if origin in self.opts.origins or "*" in self.opts.origins:
+            return True
+        o = urlsplit(origin)
+        return o.scheme in ("http", "https") and o.netloc == host  # the page this server served
+
+    @staticmethod
+    def _select_subprotocol(conn: ServerConnection, offered):
+        if "realtime" in offered:
+            return "realtime"
+        return offered[0] if offered else None  # a browser drops the socket unless one it offered comes back
+
+    # -- a connection ------------------------------------------------------------------------------
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        path = urlsplit(ws.request.path).path
+        limits = self.opts.limits
+        if len(self.sessions) >= limits.max_sessions:
+            self.metrics.rejected.labels("full").inc()
+            await ws.close(1013, f"server full: {len(self.sessions)} of {limits.max_sessions} sessions in use; try again later")
+            return
+        self._n += 1
+        out = _Outbox(ws, asyncio.get_running_loop(), limits.max_output_bytes, self.metrics)
+        session = RealtimeSession(self.shared, out.emit, native=path == "/v1/stream", limits=limits, ids=self.ids,
+                                  loop_config=self.opts.loop_config, metrics=self.metrics, close=out.close, name=f"session-{self._n}")
+        out.session = session
+        self.sessions.add(session)
+        self._conns[ws] = session
+        self.metrics.sessions.inc()
+        self.metrics.active.set(len(self.sessions))
+        log.info("%s opened (%s) from %s", session.name, path, ws.remote_address)
+        session.start()
+        sender = asyncio.create_task(out.run())
+        idle = asyncio.create_task(self._idle_watch(ws, session))
+        try:
+            async for msg in ws:
+                session.submit(msg)
+        except ConnectionClosed:
+            pass
+        finally:
+            session.stop()
+            idle.cancel()
+            sender.cancel()
+            self.sessions.discard(session)
+            self._conns.pop(ws, None)
+            self.metrics.active.set(len(self.sessions))
+            await asyncio.to_thread(session.thread.join, 10)
+            log.info("%s closed (%s %s): %s", session.name, ws.close_code, ws.close_reason or "",
+                     json.dumps(session.summary() if session.loop else {}))
+
+    async def _idle_watch(self, ws: ServerConnection, session: RealtimeSession) -> None:
+        limit = self.opts.limits.idle_timeout_s
+        while True:
+            await asyncio.sleep(min(1.0, limit / 4))
+            if time.monotonic() - session.last_message > limit:
+                await self.say_goodbye(ws, session, 1000, f"idle for more than {limit:g} s")
+                return
+
+    async def say_goodbye(self, ws: ServerConnection, session: RealtimeSession, code: int, reason: str) -> None:
+        """Close a session from our side: its ``session.latency`` summary first."""
+        try:
+            if session.loop is not None:
+                await ws.send(session.proto.session_latency(session.summary()).to_json())
+            await ws.close(code, reason)
+        except ConnectionClosed:
+            pass
+
+    # -- running -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        limits = self.opts.limits
+        self._server = await serve(
+            self._handle, self.opts.host, self.opts.port, process_request=self._process_request,
+            select_subprotocol=self._select_subprotocol, max_size=4 * limits.max_message_bytes,
+            write_limit=1 << 16, max_queue=64, server_header="wafervox")
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        for ws, session in list(self._conns.items()):
+            await self.say_goodbye(ws, session, 1001, "server shutting down")
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def serve_forever(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
+
+def _token(headers: Headers, query: dict) -> str | None:
+    auth = headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    for proto in ",".join(headers.get_all("Sec-WebSocket-Protocol")).split(","):
+        proto = proto.strip()
+        if proto.startswith(KEY_SUBPROTOCOL):
+            return proto[len(KEY_SUBPROTOCOL):]
+    vals = query.get("token")
+    return vals[0] if vals else None
+
+
+def _response(status: HTTPStatus, body: bytes, ctype: str) -> Response:
+    headers = Headers([("Content-Type", ctype), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")])
+    return Response(status.value, status.phrase, headers, body)

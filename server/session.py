@@ -1,0 +1,449 @@
+"""One connection's realtime session: its own voice loop, conversation, KV cache, VAD and budget,
+run on its own thread so that its compute never holds up the event loop.
+
+The websocket adapter (``server.app``) only moves bytes: it ``submit()``s every client message and
+writes out what the session hands to ``emit(frame, droppable)``.  Everything else happens here, on
+the session thread: the codec (``server.protocol``) parses the message, the ``VoiceLoop`` is fed and
+stepped, and the loop's events (``on_event``) become server events.  Output audio is resampled to
+the session's output rate and counted in output samples since the session began, which is the
+position the client's ``output_audio.played`` refers to.
+
+Two ways to talk: ``/v1/realtime`` (JSON events, base64 audio, the OpenAI Realtime subset) and the
+native ``/v1/stream`` (binary frames of raw PCM16 both ways, JSON events for the rest).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from voice.audio import AudioChunk, Resampler
+from voice.clock import RealClock
+from voice.latency import percentile, summarize
+from voice.llm import Persona
+from voice.loop import LoopConfig, VoiceLoop
+from voice.protocols import ASR_RATE
+
+from . import protocol as P
+
+log = logging.getLogger("wafervox.server")
+DELTA_MS = 200  # longest output audio delta
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-server and per-session limits; every one ends in a clear error, never in unbounded memory."""
+
+    max_sessions: int = 4
+    max_message_bytes: int = P.DEFAULT_MAX_MESSAGE_BYTES
+    max_input_s: float = 30.0  # received-but-unprocessed input, and the longest utterance
+    max_output_bytes: int = 8 << 20  # output queued for a client that does not read; then audio is dropped
+    idle_timeout_s: float = 300.0  # no message from the client for this long: closed
+
+
+@dataclass
+class _Answer:
+    """One response on the wire."""
+
+    response_id: str
+    item_id: str
+    user_item: str | None
+    last_voiced: int | None  # input sample (ASR_RATE) of the user's last voiced sample
+    first_sample: int | None = None  # output sample index of its first audio sample
+    samples: int = 0
+    phrases: list[tuple[str, int]] = field(default_factory=list)  # (text, output sample where its audio starts)
+    client: dict | None = None  # voice-to-voice on the client's clock, once it told us
+    reported: dict | None = None  # the turn.latency report sent
+
+
+class RealtimeSession:
+    """``submit(msg)`` from the event loop; the rest runs on ``self.thread``."""
+
+    def __init__(self, shared, emit: Callable[[str | bytes, bool], None], *, native: bool = False, limits: Limits = Limits(),
+                 ids: Callable[[str], str] | None = None, loop_config: LoopConfig | None = None, metrics=None,
+                 close: Callable[[int, str], None] | None = None, name: str = "session"):
+        self.shared = shared
+        self.emit = emit
+        self.native = native
+        self.limits = limits
+        self.metrics = metrics
+        self.close_connection = close or (lambda code, reason: None)
+        self.name = name
+        persona = shared.base.llm.persona
+        self._default_persona = persona
+        self.proto = P.ProtocolSession(P.SessionConfig(instructions=persona.system), ids=ids, max_message_bytes=limits.max_message_bytes)
+        self.loop_config = loop_config or LoopConfig()
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending = 0  # bytes of submitted messages not yet handled
+        self._pending_lock = threading.Lock()
+        self._closing = threading.Event()
+        self.last_message = time.monotonic()
+        self.loop: VoiceLoop | None = None
+        self._out_rs: Resampler | None = None
+        self._out_samples = 0
+        self._answer: _Answer | None = None
+        self._answers: dict[str, _Answer] = {}  # by assistant item id (the last few)
+        self._user_item: str | None = None  # the item the current speech becomes
+        self._speech_start = 0  # input sample (ASR_RATE) where it started
+        self._last_voiced: int | None = None
+        self._typed: list[str] = []  # text items waiting for response.create
+        self._deferred_engines = None
+        self.client_v2v: list[float] = []
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    # -- event-loop side ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, msg: str | bytes) -> bool:
+        """Queue one client message; False (and an error to the client) when the session's input
+        backlog is over its limit, in which case the message is dropped."""
+        self.last_message = time.monotonic()
+        size = len(msg)
+        rate = self.proto.config.input_rate
+        cap = int(self.limits.max_input_s * rate * 2 * (1 if isinstance(msg, bytes) else 4 / 3)) + self.limits.max_message_bytes
+        with self._pending_lock:
+            if self._pending + size > cap:
+                over = True
+            else:
+                over = False
+                self._pending += size
+        if over:
+            self._send_error(P.ProtocolError("input_audio_buffer_overflow", f"more than {self.limits.max_input_s:g} s of input "
+                                             "is waiting to be processed; message dropped"))
+            return False
+        self.inbox.put(msg)
+        return True
+
+    def stop(self) -> None:
+        self._closing.set()
+        self.inbox.put(None)
+
+    # -- session thread ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._send(self.proto.session_created())  # first: messages sent meanwhile wait in the inbox
+            engines = self.shared.session()
+            self.loop = VoiceLoop(engines, sink=self, clock=RealClock(), config=self.loop_config, on_event=self._on_loop_event)
+            engines.llm.prepare()  # the persona's KV prefix (copied from the shared one, so usually nothing to do)
+            self._out_rs = Resampler(self.shared.sample_rate, self.proto.config.output_rate)
+            while not self._closing.is_set():
+                self._drain(block=not self.loop.has_work())
+                if self._closing.is_set():
+                    break
+                self.loop.step()
+        except Exception as e:  # a bug, or an engine failing: this session ends, the server goes on
+            log.exception("%s failed", self.name)
+            if self.metrics:
+                self.metrics.error("server_error")
+            self._send_error(P.ProtocolError("server_error", f"the session failed: {type(e).__name__}: {e}", type="server_error"))
+            self.close_connection(1011, "internal error")
+
+    def _drain(self, block: bool) -> None:
+        try:
+            msg = self.inbox.get(timeout=0.02) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        for _ in range(1000):
+            if msg is None:
+                return
+            with self._pending_lock:
+                self._pending -= len(msg)
+            self._handle(msg)
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, msg: str | bytes) -> None:
+        if isinstance(msg, bytes):
+            if not self.native:
+                events = [P.ProtocolError("binary_not_supported", "binary frames are only accepted on /v1/stream; send "
+                                          "input_audio_buffer.append events here")]
+            elif len(msg) % 2:
+                events = [P.ProtocolError("invalid_audio", f"binary frame of {len(msg)} bytes is not whole PCM16 samples")]
+            else:
+                events = [P.InputAudioAppend(event_id=None, samples=np.frombuffer(msg, P.PCM_DTYPE).astype(np.int16),
+                                             rate=self.proto.config.input_rate)]
+        else:
+            events = self.proto.receive(msg)
+        for ev in events:
+            handler = self._HANDLERS.get(type(ev))
+            handler(self, ev)
+
+    # -- client events -----------------------------------------------------------------------------
+
+    def _on_error(self, err: P.ProtocolError) -> None:
+        self._send_error(err)
+
+    def _on_update(self, ev: P.SessionUpdate) -> None:
+        cfg = ev.config
+        if "instructions" in ev.changed:
+            persona = self._default_persona if cfg.instructions.strip() in ("", self._default_persona.system) \
+                else Persona(system=cfg.instructions.strip(), examples=())
+            if persona != self.loop.e.llm.persona:
+                engines = self.shared.with_persona(self.loop.e, persona)
+                if self.loop._task is None:
+                    self._swap_engines(engines)
+                else:  # after the answer in progress
+                    self._deferred_engines = engines
+        if "turn_detection" in ev.changed:
+            td = cfg.turn_detection
+            lc = self.loop.cfg
+            if td is None:
+                lc = replace(lc, turn_detection=False)
+            else:
+                ep = replace(lc.endpointer, aggressiveness=min(3, int(td.threshold * 4)),
+                             stop_ms=min(2000, max(lc.endpointer.pause_ms + 30, td.silence_duration_ms)))
+                lc = replace(lc, turn_detection=True, barge_in=td.interrupt_response, endpointer=ep,
+                             padding_ms=min(1000, td.prefix_padding_ms))
+                if not td.create_response:
+                    self._send_error(P.ProtocolError("unsupported_value", "turn_detection.create_response=false is not supported: "
+                                                     "every detected turn is answered", ev.event_id, "session.audio.input.turn_detection"))
+            self.loop.configure(lc)
+        if "output_rate" in ev.changed:
+            self._out_rs = Resampler(self.shared.sample_rate, cfg.output_rate)
+        self._send(self.proto.session_updated())
+
+    def _swap_engines(self, engines) -> None:
+        self.loop.e = engines
+        self.loop._prepare = True
+        self._deferred_engines = None
+
+    def _on_append(self, ev: P.InputAudioAppend) -> None:
+        if len(ev.samples):
+            self.loop.feed(AudioChunk(ev.samples, ev.rate, 0))
+        if self.loop.buffered_s() > self.limits.max_input_s:
+            self.loop.clear_input()
+            self._send_error(P.ProtocolError("input_audio_buffer_overflow", f"the utterance is longer than {self.limits.max_input_s:g} s; "
+                                             "the input buffer was cleared", ev.event_id))
+
+    def _on_commit(self, ev: P.InputAudioCommit) -> None:
+        if not self.loop.commit_input():
+            why = "an answer is in progress" if self._answer or self.loop._task else "the input buffer is empty"
+            self._send_error(P.ProtocolError("input_audio_buffer_commit_empty", f"nothing to commit: {why}", ev.event_id))
+
+    def _on_clear(self, ev: P.InputAudioClear) -> None:
+        self.loop.clear_input()
+        self._user_item = None
+        self._send(self.proto.cleared())
+
+    def _on_item(self, ev: P.ItemCreate) -> None:
+        self._typed.append(ev.text)
+
+    def _on_response_create(self, ev: P.ResponseCreate) -> None:
+        if not self._typed:
+            self._send_error(P.ProtocolError("no_user_input", "response.create needs a user text item first "
+                                             "(spoken turns are answered by themselves)", ev.event_id))
+            return
+        text = " ".join(self._typed)
+        if not self.loop.respond_text(text):
+            self._send_error(P.ProtocolError("conversation_already_has_active_response",
+                                             "a response is in progress; cancel it or wait for response.done", ev.event_id))
+            return
+        self._typed.clear()
+        self._user_item = None
+
+    def _on_cancel(self, ev: P.ResponseCancel) -> None:
+        if ev.response_id and (self._answer is None or self._answer.response_id != ev.response_id):
+            self._send_error(P.ProtocolError("response_not_found", f"no active response '{ev.response_id}'", ev.event_id, "response_id"))
+        elif not self.loop.cancel():
+            self._send_error(P.ProtocolError("response_cancel_not_active", "there is no response to cancel", ev.event_id))
+
+    def _on_truncate(self, ev: P.ItemTruncate) -> None:
+        a = self._answers.get(ev.item_id)
+        if a is None:
+            self._send_error(P.ProtocolError("item_not_found", f"no assistant audio item '{ev.item_id}'", ev.event_id, "item_id"))
+            return
+        rate = self.proto.config.output_rate
+        if ev.audio_end_ms * rate // 1000 > a.samples:
+            self._send_error(P.ProtocolError("invalid_value", f"audio_end_ms {ev.audio_end_ms} is past the item's "
+                                             f"{a.samples * 1000 // rate} ms of audio", ev.event_id, "audio_end_ms"))
+            return
+        if a is self._answer:
+            self.loop.cancel("client_truncated")
+        heard = _heard(a, (a.first_sample or 0) + ev.audio_end_ms * rate // 1000)
+        if a is self._last_answer():
+            self.loop.amend_reply(heard)
+        self._send(self.proto.truncated(ev.item_id, ev.audio_end_ms, ev.content_index))
+
+    def _last_answer(self) -> _Answer | None:
+        return next(reversed(self._answers.values()), None)
+
+    def _on_played(self, ev: P.OutputAudioPlayed) -> None:
+        if ev.item_id:
+            a = self._answers.get(ev.item_id)
+        else:  # the answer whose audio holds the played sample
+            a = next((x for x in reversed(self._answers.values())
+                      if x.first_sample is not None and x.first_sample <= ev.sample < x.first_sample + x.samples), None)
+        if a is None or a.client is not None or a.first_sample is None or a.last_voiced is None or ev.sample < a.first_sample:
+            return
+        rate_out = self.proto.config.output_rate
+        ahead_ms = (ev.sample - a.first_sample) * 1000 / rate_out  # the first answer sample played this much earlier
+        if ev.input_sample is not None:
+            rate_in = self.proto.config.input_rate
+            v2v = (ev.input_sample - a.last_voiced * rate_in / ASR_RATE) * 1000 / rate_in - ahead_ms
+            clock = "client_audio"
+        else:
+            v2v = (self.loop.clock.now() - self.loop.audio_time(a.last_voiced)) * 1000 - ahead_ms
+            clock = "server_receipt"
+        a.client = {"voice_to_voice_ms": round(v2v, 1), "clock": clock}
+        self.client_v2v.append(v2v)
+        if a.reported is not None:  # the turn was reported already: send it again, completed
+            self._send_latency(a, a.reported)
+
+    def _on_latency_request(self, ev: P.SessionLatencyRequest) -> None:
+        self._send(self.proto.session_latency(self.summary()))
+
+    def summary(self) -> dict:
+        out = summarize(self.loop.reports if self.loop else [])
+        p50, p95 = percentile(self.client_v2v, 0.5), percentile(self.client_v2v, 0.95)
+        out["client_voice_to_voice_ms"] = {"p50": None if p50 is None else round(p50, 1), "p95": None if p95 is None else round(p95, 1),
+                                           "turns": len(self.client_v2v)}
+        return out
+
+    _HANDLERS: dict = {
+        P.ProtocolError: _on_error,
+        P.SessionUpdate: _on_update,
+        P.InputAudioAppend: _on_append,
+        P.InputAudioCommit: _on_commit,
+        P.InputAudioClear: _on_clear,
+        P.ItemCreate: _on_item,
+        P.ResponseCreate: _on_response_create,
+        P.ResponseCancel: _on_cancel,
+        P.ItemTruncate: _on_truncate,
+        P.OutputAudioPlayed: _on_played,
+        P.SessionLatencyRequest: _on_latency_request,
+    }
+
+    # -- the loop's events -------------------------------------------------------------------------
+
+    def _on_loop_event(self, kind: str, info: dict) -> None:
+        ms = lambda sample: sample * 1000 // ASR_RATE
+        if kind == "speech_started":
+            self._user_item = self.proto.new_item_id()
+            self._speech_start = info["sample"]
+            self._send(self.proto.speech_started(ms(info["sample"]), self._user_item))
+        elif kind == "speech_stopped":
+            item = self._user_item or self.proto.new_item_id()
+            if self.loop.cfg.turn_detection:
+                self._send(self.proto.speech_stopped(ms(info["last_voiced"]), item))
+            self._send(self.proto.committed(item))
+            self._user_item = item
+            self._last_voiced = info["last_voiced"]
+            self._speech_start = info["first_voiced"]
+        elif kind == "transcript":
+            if self._user_item is not None:
+                seconds = max(0, (self._last_voiced or 0) - self._speech_start) / ASR_RATE
+                self._send(self.proto.transcription_completed(self._user_item, info["text"], seconds))
+        elif kind == "response_started":
+            created = self.proto.response_created()
+            spoken = self._user_item is not None
+            self._answer = _Answer(created.response_id, self.proto.new_item_id(), self._user_item,
+                                   self._last_voiced if spoken else None)
+            self._user_item = None
+            self._answers[self._answer.item_id] = self._answer
+            while len(self._answers) > 16:
+                self._answers.pop(next(iter(self._answers)))
+            self._send(created)
+        elif kind == "phrase":
+            a = self._answer
+            if a is not None:
+                a.phrases.append((info["text"], self._out_samples))
+                delta = info["text"] if info["index"] == 0 else " " + info["text"]
+                self._send(self.proto.transcript_delta(a.response_id, a.item_id, delta))
+        elif kind == "turn_end":
+            self._end_answer(info)
+
+    def _end_answer(self, info: dict) -> None:
+        a, self._answer = self._answer, None
+        report = info["report"]
+        if a is not None:
+            spoken = info["spoken"]
+            if a.samples:
+                tail = self._out_rs.flush()
+                if not info["cancelled"]:
+                    self._audio(a, tail)
+                self._send(self.proto.audio_done(a.response_id, a.item_id))
+            self._send(self.proto.transcript_done(a.response_id, a.item_id, spoken))
+            self._send(self.proto.response_done(a.response_id, a.item_id, spoken, cancelled=info["cancelled"],
+                                                 reason=info["reason"] or "client_cancelled"))
+        if report is not None:
+            d = report.to_dict()
+            if self.metrics:
+                self.metrics.turn(d)
+            if a is not None:
+                a.reported = d
+            self._send_latency(a, d)
+        if self._deferred_engines is not None:
+            self._swap_engines(self._deferred_engines)
+
+    def _send_latency(self, a: _Answer | None, report: dict) -> None:
+        d = dict(report)
+        if a is not None:
+            d["response_id"], d["item_id"] = a.response_id, a.item_id
+            if a.client is not None:
+                v2v = report["latency_ms"].get("voice_to_voice_ms")
+                d["client"] = dict(a.client, overhead_ms=None if v2v is None else round(a.client["voice_to_voice_ms"] - v2v, 1))
+                if self.metrics and a.reported is report:
+                    self.metrics.client_turn(a.client["voice_to_voice_ms"])
+        self._send(self.proto.turn_latency(d))
+
+    # -- the sink the loop plays into --------------------------------------------------------------
+
+    def play(self, t: float, pcm: np.ndarray) -> None:
+        a = self._answer
+        if a is None:  # only answers go on the wire (no acknowledgement sounds)
+            return
+        self._audio(a, self._out_rs(pcm))
+
+    def _audio(self, a: _Answer, pcm: np.ndarray) -> None:
+        """Send ``pcm`` in deltas of at most ``DELTA_MS`` (TTS hands over whole sentences)."""
+        if not len(pcm):
+            return
+        if a.first_sample is None:
+            a.first_sample = self._out_samples
+        a.samples += len(pcm)
+        self._out_samples += len(pcm)
+        step = self.proto.config.output_rate * DELTA_MS // 1000
+        for i in range(0, len(pcm), step):
+            piece = pcm[i:i + step]
+            if self.native:
+                self.emit(piece.astype(P.PCM_DTYPE, copy=False).tobytes(), True)
+            else:
+                self.emit(self.proto.audio_delta(a.response_id, a.item_id, piece).to_json(), True)
+
+    def clear_after(self, t: float) -> None:
+        """Barge-in: audio already sent cannot be recalled; ``response.done`` (cancelled) tells the client to stop."""
+
+    # -- output ------------------------------------------------------------------------------------
+
+    def _send(self, event) -> None:
+        self.emit(event.to_json(), False)
+
+    def _send_error(self, err: P.ProtocolError) -> None:
+        if self.metrics:
+            self.metrics.error(err.code)
+        log.info("%s: error %s: %s", self.name, err.code, err.message)
+        self._send(self.proto.error(err))
+
+
+def _heard(a: _Answer, played_to: int) -> str:
+    """The words of answer ``a`` played before output sample ``played_to``."""
+    words = []
+    bounds = [s for _, s in a.phrases[1:]] + [(a.first_sample or 0) + a.samples]
+    for (text, start), end in zip(a.phrases, bounds):
+        if played_to >= end:
+            words.append(text)
+        elif played_to > start:
+            w = text.split()
+            words.append(" ".join(w[: int(len(w) * (played_to - start) / max(1, end - start))]))
+    return " ".join(x for x in words if x)
