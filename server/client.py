@@ -180,6 +180,8 @@ async def run_client(wavs, opts: ClientOptions, on_turn=None, progress=None) -> 
             t = {"turn": report.get("turn"), "transcript": report.get("transcript", ""), "reply": report.get("reply", ""),
                  "latency_ms": lat, "server_voice_to_voice_ms": server_v2v,
                  "overhead_ms": None if v2v is None or server_v2v is None else round(v2v - server_v2v, 1),
+                 # the server's reckoning of our figure, from output_audio.played (input samples sent at first play)
+                 "reported_client_voice_to_voice_ms": (report.get("client") or {}).get("voice_to_voice_ms"),
                  "budget_ms": report.get("budget_ms", opts.budget_ms),
                  "within_budget": v2v is not None and v2v <= report.get("budget_ms", opts.budget_ms),
                  "mitigation": report.get("mitigation"), "barge_in": report.get("barge_in", False)}

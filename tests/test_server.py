@@ -178,6 +178,9 @@ def test_native_stream_with_our_client(server):
     v2v, own = t["latency_ms"]["voice_to_voice_ms"], t["server_voice_to_voice_ms"]
     assert v2v is not None and own is not None and v2v > 0
     assert -50 < t["overhead_ms"] < 1000  # loopback: the client's figure is the server's plus transport
+    # output_audio.played put the same figure on the client's audio clock (samples sent), in turn.latency
+    assert t["reported_client_voice_to_voice_ms"] is not None
+    assert abs(t["reported_client_voice_to_voice_ms"] - v2v) < 100
 
 
 def test_two_sessions_at_once_no_cross_talk(server):
