@@ -8,7 +8,9 @@ each session count runs that many ``wafervox client`` sessions at once (in this 
 streaming a different sample conversation at real-time pace.  Per turn: the client's figure (first
 answer audio sample received minus last voiced sample sent), the server's own pipeline figure
 (``turn.latency``), and their difference, the server's overhead (serialisation, socket, event
-loop).  Prints p50/p95 of each, the ratio to the budget and to the 1-session figure.
+loop).  Prints p50/p95 of each, the ratio to the budget and to the 1-session figure, and the
+websocket ping round trip of one more, idle, connection meanwhile (how long the sessions' compute
+holds up the event loop).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import websockets
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -67,8 +71,25 @@ async def run_sessions(n: int, url: str, convs, budget_ms: float, stagger_s: flo
 
         await run_client(files, ClientOptions(url=url, tail_s=2.0, budget_ms=budget_ms), on_turn=on_turn)
 
+    async def probe() -> list[float]:
+        """An idle connection's websocket ping round trips while the others talk: how long the event loop
+        (heartbeats, audio in) is held up by the sessions' compute."""
+        rtts = []
+        async with websockets.connect(url) as ws:
+            await ws.recv()  # session.created
+            while not done.is_set():
+                t = time.perf_counter()
+                pong = await ws.ping()
+                await pong
+                rtts.append((time.perf_counter() - t) * 1000)
+                await asyncio.sleep(0.1)
+        return rtts
+
+    done = asyncio.Event()
+    prober = asyncio.create_task(probe())
     await asyncio.gather(*(one(i, *convs[i % len(convs)]) for i in range(n)))
-    return turns
+    done.set()
+    return turns, await prober
 
 
 def main() -> None:
@@ -84,14 +105,14 @@ def main() -> None:
 
     m = manifest()
     convs = [(name, [SAMPLES / f for f in files]) for name, files in m["conversations"].items() if name != "default"]
-    proc, port = start_server(max(args.sessions))
+    proc, port = start_server(max(args.sessions) + 1)  # + the ping probe
     url = f"ws://127.0.0.1:{port}/v1/{'stream' if args.native else 'realtime'}"
     print(f"server on port {port}; {url}", flush=True)
     results = {}
     try:
         for n in args.sessions:
             t0 = time.monotonic()
-            turns = asyncio.run(run_sessions(n, url, convs, args.budget_ms, args.stagger_s))
+            turns, rtts = asyncio.run(run_sessions(n, url, convs, args.budget_ms, args.stagger_s))
             client = [t["latency_ms"]["voice_to_voice_ms"] for t in turns]
             server = [t["server_voice_to_voice_ms"] for t in turns]
             over = [t["overhead_ms"] for t in turns]
@@ -99,6 +120,7 @@ def main() -> None:
                           "client_v2v_ms": {"p50": q(client, 0.5), "p95": q(client, 0.95)},
                           "server_v2v_ms": {"p50": q(server, 0.5), "p95": q(server, 0.95)},
                           "overhead_ms": {"p50": q(over, 0.5), "p95": q(over, 0.95)},
+                          "ping_rtt_ms": {"p50": q(rtts, 0.5), "p95": q(rtts, 0.95), "max": round(max(rtts), 1) if rtts else None},
                           "within_budget": sum(1 for v in client if v is not None and v <= args.budget_ms), "per_turn": turns}
     finally:
         proc.terminate()
@@ -112,7 +134,7 @@ def main() -> None:
     print(f"\nvoice-to-voice on the client's clock over loopback ({'native /v1/stream' if args.native else '/v1/realtime'}), "
           f"budget {b:.0f} ms")
     print(f"{'sessions':>8s} {'turns':>5s} {'client p50':>10s} {'p95':>6s} {'server p50':>10s} {'p95':>6s} "
-          f"{'overhead p50':>12s} {'p95':>5s} {'p50/budget':>10s} {'p50 vs 1st':>10s} {'hit rate':>8s}")
+          f"{'overhead p50':>12s} {'p95':>5s} {'p50/budget':>10s} {'p50 vs 1st':>10s} {'hit rate':>8s} {'ping p95/max':>12s}")
     for n, r in results.items():
         c, s, o = r["client_v2v_ms"], r["server_v2v_ms"], r["overhead_ms"]
         f = lambda v: "-" if v is None else f"{v:.0f}"
@@ -120,7 +142,8 @@ def main() -> None:
         hit = f"{r['within_budget']}/{r['turns']}"
         of_budget = "-" if c["p50"] is None else f"{c['p50'] / b:.2f}x"
         print(f"{n:8d} {r['turns']:5d} {f(c['p50']):>10s} {f(c['p95']):>6s} {f(s['p50']):>10s} {f(s['p95']):>6s} "
-              f"{f(o['p50']):>12s} {f(o['p95']):>5s} {of_budget:>10s} {rel:>10s} {hit:>8s}")
+              f"{f(o['p50']):>12s} {f(o['p95']):>5s} {of_budget:>10s} {rel:>10s} {hit:>8s} "
+              f"{f(r['ping_rtt_ms']['p95']) + '/' + f(r['ping_rtt_ms']['max']):>12s}")
     if args.json:
         Path(args.json).write_text(json.dumps({"budget_ms": b, "native": args.native, "results": results}, indent=1))
 

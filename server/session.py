@@ -191,7 +191,7 @@ class RealtimeSession:
                 else Persona(system=cfg.instructions.strip(), examples=())
             if persona != self.loop.e.llm.persona:
                 engines = self.shared.with_persona(self.loop.e, persona)
-                if self.loop._task is None:
+                if not self.loop.answering:
                     self._swap_engines(engines)
                 else:  # after the answer in progress
                     self._deferred_engines = engines
@@ -214,8 +214,7 @@ class RealtimeSession:
         self._send(self.proto.session_updated())
 
     def _swap_engines(self, engines) -> None:
-        self.loop.e = engines
-        self.loop._prepare = True
+        self.loop.set_engines(engines)
         self._deferred_engines = None
 
     def _on_append(self, ev: P.InputAudioAppend) -> None:
@@ -228,7 +227,7 @@ class RealtimeSession:
 
     def _on_commit(self, ev: P.InputAudioCommit) -> None:
         if not self.loop.commit_input():
-            why = "an answer is in progress" if self._answer or self.loop._task else "the input buffer is empty"
+            why = "an answer is in progress" if self.loop.answering else "the input buffer is empty"
             self._send_error(P.ProtocolError("input_audio_buffer_commit_empty", f"nothing to commit: {why}", ev.event_id))
 
     def _on_clear(self, ev: P.InputAudioClear) -> None:

@@ -296,6 +296,33 @@ def test_text_turn_and_cancel(server):
     assert summary[-1]["summary"]["turns"] == 0  # typed turns stay out of the voice figures
 
 
+def test_manual_turns_with_commit(server):
+    """turn_detection null: no VAD events on the wire; the client commits, and the turn is answered."""
+    info = turn_info("visit", 2)
+    audio = pcm_at(turn_file("visit", 2), 16000)
+
+    async def go():
+        async with websockets.connect(server.url(), additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+            await _events_until(ws, lambda e: e["type"] == "session.created")
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}}}))
+            upd = await _events_until(ws, lambda e: e["type"] == "session.updated")
+            for i in range(0, len(audio), 3200):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(audio[i:i + 3200])}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            return upd, await _events_until(ws, lambda e: e["type"] == "turn.latency", 60)
+
+    upd, events = run(go())
+    assert upd[-1]["session"]["audio"]["input"]["turn_detection"] is None
+    assert upd[-1]["session"]["audio"]["input"]["format"]["rate"] == 16000
+    types = [e["type"] for e in events]
+    assert "input_audio_buffer.speech_started" not in types and "input_audio_buffer.speech_stopped" not in types
+    assert types.index("input_audio_buffer.committed") < types.index("response.created")
+    done = next(e for e in events if e["type"] == "response.done")
+    reply = done["response"]["output"][0]["content"][0]["transcript"]
+    assert any(k.lower() in reply.lower() for k in info["keywords"]), reply
+
+
 # ------------------------------------------------------------------ handshake, HTTP routes, limits
 
 

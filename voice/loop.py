@@ -138,6 +138,18 @@ class VoiceLoop:
         """Clock time of the end of the input fed so far."""
         return (self._origin or 0.0) + (self._pos + self._lag) / ASR_RATE
 
+    @property
+    def answering(self) -> bool:
+        """An answer is being computed or played (its turn is not over)."""
+        return self._task is not None
+
+    def set_engines(self, engines: Engines) -> None:
+        """Swap the engines between turns (e.g. a new persona); the next turn's context is prefilled when idle."""
+        if self._task is not None or self._spec is not None:
+            raise RuntimeError("set_engines() while an answer is in progress")
+        self.e = engines
+        self._prepare = True
+
     def buffered_s(self) -> float:
         """Seconds of input the unanswered utterance holds so far (what a server's buffer limit caps)."""
         if not self.cfg.turn_detection:
