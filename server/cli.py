@@ -319,7 +319,22 @@ def cmd_client(args) -> int:
             console.print(f"        voice-to-voice {_fmt_ms(lat['voice_to_voice_ms'])} ms on this client's clock "
                           f"(server's own {_fmt_ms(t['server_voice_to_voice_ms'])} ms), {verdict}")
 
-    summary = asyncio.run(run_client(args.wav, opts, on_turn=on_turn, progress=None if args.json else console.print))
+    import websockets
+
+    try:
+        summary = asyncio.run(run_client(args.wav, opts, on_turn=on_turn, progress=None if args.json else console.print))
+    except websockets.InvalidStatus as e:
+        body = e.response.body.decode("utf-8", "replace").strip()
+        raise CLIError(f"the server refused the connection: HTTP {e.response.status_code}{': ' + body if body else ''}") from None
+    except websockets.InvalidURI as e:
+        raise CLIError(f"bad --url: {e}") from None
+    except websockets.InvalidHandshake as e:
+        raise CLIError(f"no websocket at {args.url}: {e}") from None
+    except websockets.ConnectionClosed as e:
+        why = f"{e.rcvd.code} {e.rcvd.reason}" if e.rcvd else "no close frame"
+        raise CLIError(f"the server closed the connection ({why})") from None
+    except TimeoutError:
+        raise CLIError(f"no answer from {args.url} in time") from None
     if args.json:
         print(json.dumps({"summary": summary}), flush=True)
     else:

@@ -141,3 +141,26 @@ def test_run_rejects_bad_input_in_one_line(tmp_path):
     assert_one_line_error(wafervox("run", str(tmp_path / "none.wav")), "not found")
     assert_one_line_error(wafervox("run", "--conversation", "nope"), "nope")
     assert_one_line_error(wafervox("run", "--budget-ms", "0"), "--budget-ms")
+
+
+def test_serve_and_client_reject_bad_input_in_one_line(tmp_path):
+    import socket
+
+    assert_one_line_error(wafervox("serve", "--max-sessions", "0"), "--max-sessions")
+    assert_one_line_error(wafervox("serve", "--port", "70000"), "--port")
+    assert_one_line_error(wafervox("client", str(tmp_path / "none.wav")), "not found")
+    with socket.socket() as s:  # a port with nobody listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    wav = str(ROOT / "samples" / "morning_02_located.wav")
+    assert_one_line_error(wafervox("client", wav, "--url", f"ws://127.0.0.1:{port}/v1/realtime"), "onnect")
+    assert_one_line_error(wafervox("client", wav, "--url", "http://x"), "--url")
+
+
+def test_help_explains_serve_and_client():
+    proc = wafervox("serve", "--help")
+    assert proc.returncode == 0
+    for flag in ("--host", "--port", "--token", "--allow-origin", "--max-sessions", "--idle-timeout"):
+        assert flag in proc.stdout
+    proc = wafervox("client", "--help")
+    assert proc.returncode == 0 and "--url" in proc.stdout and "--json" in proc.stdout

@@ -215,6 +215,38 @@ def test_cli_client_json(server):
     assert t["latency_ms"]["voice_to_voice_ms"] > 0
 
 
+def test_cli_client_without_the_token_is_refused_in_one_line(server):
+    out = subprocess.run([sys.executable, "-m", "server.cli", "client", str(turn_file()), "--url", server.url()],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("wafervox: error: ") and "401" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_input_buffer_limit(shared):
+    """An utterance longer than --max-input-s is cleared with an error; the session goes on."""
+    s = _Running(shared, ServerOptions(port=0, limits=Limits(max_input_s=1.0)))
+    try:
+        async def go():
+            async with websockets.connect(s.url()) as ws:
+                await _events_until(ws, lambda e: e["type"] == "session.created")
+                await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+                    "turn_detection": None}}}}))
+                await _events_until(ws, lambda e: e["type"] == "session.updated")
+                noise = (np.random.default_rng(0).standard_normal(2400) * 3000).astype(np.int16)
+                for _ in range(11):  # 1.1 s: the 11th append overflows the 1 s limit
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(noise)}))
+                err = await _events_until(ws, lambda e: e["type"] == "error")
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                after = await _events_until(ws, lambda e: e["type"] == "error")
+                return err[-1]["error"], after[-1]["error"]
+
+        err, after = run(go(), 60)
+        assert err["code"] == "input_audio_buffer_overflow" and "1 s" in err["message"]
+        assert after["code"] == "input_audio_buffer_commit_empty"  # the buffer was cleared
+    finally:
+        s.close()
+
+
 # ------------------------------------------------------------------ barge-in, text turns, cancel
 
 
