@@ -1,0 +1,261 @@
+"""``WaferPipeline``: the decode core's real layers run as pipeline stages on a simulated clock.
+
+Each simulated unit (a wafer) is a stage that owns a contiguous range of ``decode`` layers:
+it holds their weights (views into the loaded model, "resident") and, for every sequence,
+the KV cache of those layers.  A token's hidden state is handed from stage to stage as a
+message; several sequences can be in flight, so stages work at once, each on its own thread
+calling the numba ``nogil`` kernels.
+
+The order of work is decided by a discrete-event simulation (``clock.EventQueue``): a stage
+takes the item that reached it first in simulated time, runs for the time the injected cost
+model gives, and the hop to the next stage takes the modelled hop time.  The real computation
+follows that order on the stage threads; the simulation waits for real results only where it
+needs them (the sampled token that decides whether a sequence goes on).  The tokens are those
+of ``decode.Generator`` on the same prompt, whatever the stage count.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from queue import SimpleQueue
+
+import numpy as np
+
+from decode.model import PREFILL_CHUNK, Model, RunState
+from decode.sampling import GREEDY, Sampler, SamplingParams
+
+from .clock import EventQueue, Kind, Span, Timeline
+from .placement import Placement
+from .timing import CostModel, cost_model
+
+
+@dataclass
+class _Seq:
+    index: int
+    prompt: list[int]
+    max_tokens: int
+    sampler: Sampler
+    k_cache: np.ndarray
+    v_cache: np.ndarray
+    history: list[int]
+    out: list[int] = field(default_factory=list)
+    finish: str = ""
+    steps: int = 0  # decode steps started (the first token comes from the prompt's pass)
+    first_token_s: float = 0.0  # simulated time of its first token
+    done_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Item:
+    seq: _Seq
+    token: int  # step index; prefill chunks are negative (-chunks .. -1)
+    pos0: int
+    ids: np.ndarray  # the tokens this pass embeds (stage 0)
+    last_chunk: bool  # the pass whose logits give the next token
+
+
+class _Stage:
+    """One simulated unit: its layer range, its own scratch buffers and a worker thread."""
+
+    def __init__(self, model: Model, index: int, first: int, stop: int, has_head: bool):
+        self.model, self.index, self.first, self.stop, self.has_head = model, index, first, stop, has_head
+        self.layers = model.weights.layers[first:stop]  # resident weights (views, not copies)
+        self.scratch = RunState(model.config, 1)  # activations; KV caches are set per item
+        self.jobs: SimpleQueue = SimpleQueue()
+        self.busy_s = 0.0
+        self.thread = threading.Thread(target=self._run, name=f"wafer-stage-{index}", daemon=True)
+        self.thread.start()
+
+    def submit(self, fn) -> Future:
+        fut: Future = Future()
+        self.jobs.put((fn, fut))
+        return fut
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join(10)
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            fn, fut = job
+            t0 = time.perf_counter()
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # handed to the simulation, which raises it
+                fut.set_exception(e)
+            self.busy_s += time.perf_counter() - t0
+
+    def forward(self, item: _Item, x_in: Future | None) -> np.ndarray | int:
+        """This stage's part of one pass: embed (first stage), its layers, head and sampling (last)."""
+        m, s = self.model, self.scratch
+        if x_in is None:
+            x = np.zeros((len(item.ids), m.config.d_model), np.float32)
+            m.embed(item.ids, x)
+        else:
+            x = x_in.result().copy()  # the message that crossed the hop
+        s.k_cache, s.v_cache = item.seq.k_cache, item.seq.v_cache
+        for i in range(self.first, self.stop):
+            m.layer(s, i, x, item.pos0)
+        if not self.has_head:
+            return x
+        if not item.last_chunk:
+            return -1
+        logits = m.head(s, x[-1:])
+        return item.seq.sampler(logits, item.seq.history)
+
+
+@dataclass
+class PipelineRun:
+    """What a run produced and what it cost, on this machine and on the simulated target."""
+
+    tokens: list[list[int]]
+    finish: list[str]
+    timeline: Timeline
+    wall_s: float
+    stage_busy_s: list[float]
+    first_token_s: list[float]
+    decode_steps: int
+    target: str
+
+    @property
+    def sim_s(self) -> float:
+        return self.timeline.makespan
+
+    @property
+    def sim_tok_s(self) -> float:
+        """Generated tokens per simulated second, all sequences together."""
+        n = sum(len(t) for t in self.tokens)
+        return n / self.sim_s if self.sim_s else 0.0
+
+    @property
+    def wall_tok_s(self) -> float:
+        n = sum(len(t) for t in self.tokens)
+        return n / self.wall_s if self.wall_s else 0.0
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "tokens": self.tokens, "finish": self.finish, "wall_s": self.wall_s,
+                "sim_s": self.sim_s, "sim_tok_s": self.sim_tok_s, "wall_tok_s": self.wall_tok_s,
+                "utilisation": self.timeline.utilisation(), "bubbles_s": self.timeline.bubbles(),
+                "stage_busy_wall_s": self.stage_busy_s, "first_token_sim_s": self.first_token_s}
+
+
+class WaferPipeline:
+    """The loaded ``model`` split as ``placement`` says, timed by ``cost`` (by default the
+    placement's own cost model).  Use as a context manager, or call ``close()``."""
+
+    def __init__(self, model: Model, placement: Placement, cost: CostModel | None = None, stop_ids=None):
+        if placement.model.n_layers != model.config.n_layers:
+            raise ValueError(f"the placement is for {placement.model.n_layers} layers; the model has {model.config.n_layers}")
+        self.model, self.placement = model, placement
+        self.cost = cost if cost is not None else cost_model(placement)
+        self.stop_ids = frozenset(stop_ids or ())
+        self.stages = [_Stage(model, s.index, s.first, s.stop, s.has_head) for s in placement.stages]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        for st in self.stages:
+            st.close()
+
+    def run(self, prompts: list[list[int]], max_tokens: int = 32, sampling: SamplingParams = GREEDY) -> PipelineRun:
+        """Generate for every prompt at once (one sequence each, all in flight together)."""
+        m = self.model
+        chunk = PREFILL_CHUNK
+        seqs = []
+        for j, p in enumerate(prompts):
+            p = [int(t) for t in p]
+            if not p:
+                raise ValueError("empty prompt")
+            n_ctx = len(p) + max_tokens
+            if n_ctx > m.n_ctx:
+                raise ValueError(f"prompt {j}: {len(p)} + {max_tokens} tokens exceed the context of {m.n_ctx}")
+            kv = (m.config.n_layers, n_ctx, m.config.kv_dim)
+            seqs.append(_Seq(j, p, max_tokens, Sampler(sampling), np.zeros(kv, np.float32), np.zeros(kv, np.float32), list(p)))
+
+        n = len(self.stages)
+        q = EventQueue()
+        tl = Timeline(n)
+        waiting = [deque() for _ in range(n)]  # items that reached a stage, in arrival order
+        busy = [False] * n
+        running: dict[int, tuple[_Item, Future, float]] = {}
+        x_of: dict[tuple[int, int], Future] = {}  # (sequence, token) -> result of the stage it just left
+        steps = 0
+
+        def start(k: int, now: float) -> None:
+            item = waiting[k].popleft()
+            key = (item.seq.index, item.token)
+            stage, x_in = self.stages[k], (x_of[key] if k else None)
+            fut = stage.submit(lambda: stage.forward(item, x_in))
+            x_of[key] = fut
+            dur = self.cost.stage_time(k, len(item.ids))
+            busy[k] = True
+            running[k] = (item, fut, now)
+            q.push(now + dur, Kind.DONE, k, item)
+
+        def arrive(k: int, item: _Item, t: float) -> None:
+            q.push(t, Kind.ARRIVE, k, item)
+
+        for sq in seqs:  # each prompt enters in chunks, as decode.Model.forward splits it
+            p = sq.prompt
+            starts = list(range(0, len(p), chunk))
+            for c, c0 in enumerate(starts):
+                ids = np.asarray(p[c0:c0 + chunk], np.int64)
+                arrive(0, _Item(sq, c - len(starts), c0, ids, c == len(starts) - 1), 0.0)
+
+        wall0 = time.perf_counter()
+        try:
+            while len(q):
+                ev = q.pop()
+                k, item = ev.stage, ev.item
+                if ev.kind is Kind.ARRIVE:
+                    waiting[k].append(item)
+                    if not busy[k]:
+                        start(k, ev.time)
+                    continue
+                _, fut, t0 = running.pop(k)
+                busy[k] = False
+                sq = item.seq
+                tl.spans.append(Span("stage", k, sq.index, item.token, t0, ev.time))
+                if k + 1 < n:
+                    hop = self.cost.hop_time(len(item.ids))
+                    tl.spans.append(Span("hop", k, sq.index, item.token, ev.time, ev.time + hop))
+                    arrive(k + 1, item, ev.time + hop)
+                else:
+                    x_of.pop((sq.index, item.token))
+                    if item.last_chunk:
+                        steps += item.token >= 0
+                        self._next_token(sq, fut.result(), ev.time, arrive)
+                if waiting[k]:
+                    start(k, ev.time)
+        finally:
+            wall = time.perf_counter() - wall0
+        return PipelineRun([s.out for s in seqs], [s.finish for s in seqs], tl, wall,
+                           [st.busy_s for st in self.stages], [s.first_token_s for s in seqs], steps,
+                           f"{self.placement.model.name} on {n} x {self.placement.hardware.name}")
+
+    def _next_token(self, sq: _Seq, tok: int, now: float, arrive) -> None:
+        """The sequence's next step, as ``decode.Generator.stream`` takes it."""
+        if sq.steps == 0:
+            sq.first_token_s = now
+        if tok in self.stop_ids:
+            sq.finish, sq.done_s = "stop", now
+            return
+        sq.out.append(tok)
+        sq.history.append(tok)
+        if len(sq.out) >= sq.max_tokens:
+            sq.finish, sq.done_s = "length", now
+            return
+        pos = len(sq.prompt) + len(sq.out) - 1
+        if pos + 1 > sq.k_cache.shape[1]:
+            sq.finish, sq.done_s = "context_full", now
+            return
+        sq.steps += 1
+        arrive(0, _Item(sq, sq.steps - 1, pos, np.asarray([tok], np.int64), True), now)
