@@ -143,6 +143,79 @@ class PipelineRun:
                 "stage_busy_wall_s": self.stage_busy_s, "first_token_sim_s": self.first_token_s}
 
 
+def schedule(cost: CostModel, n: int, entries: list, on_start, on_done) -> Timeline:
+    """Run the discrete-event simulation of ``n`` stages.  ``entries`` arrive at stage 0 at time 0;
+    each item needs ``.seq.index``, ``.token`` and ``.ids`` (its token count).  A stage takes
+    the item that reached it first, ``on_start(stage, item)`` returns a handle for its work,
+    the stage is busy for ``cost.stage_time``, then the item hops to the next stage; after the
+    last stage ``on_done(item, handle, now)`` returns the items that enter stage 0 next."""
+    q = EventQueue()
+    tl = Timeline(n)
+    waiting = [deque() for _ in range(n)]  # items that reached a stage, in arrival order
+    running: list[tuple | None] = [None] * n
+
+    def start(k: int, now: float) -> None:
+        item = waiting[k].popleft()
+        running[k] = (item, on_start(k, item), now)
+        q.push(now + cost.stage_time(k, len(item.ids)), Kind.DONE, k, item)
+
+    for item in entries:
+        q.push(0.0, Kind.ARRIVE, 0, item)
+    while len(q):
+        ev = q.pop()
+        k, item = ev.stage, ev.item
+        if ev.kind is Kind.ARRIVE:
+            waiting[k].append(item)
+            if running[k] is None:
+                start(k, ev.time)
+            continue
+        _, handle, t0 = running[k]
+        running[k] = None
+        tl.spans.append(Span("stage", k, item.seq.index, item.token, t0, ev.time))
+        if k + 1 < n:
+            hop = cost.hop_time(len(item.ids))
+            tl.spans.append(Span("hop", k, item.seq.index, item.token, ev.time, ev.time + hop))
+            q.push(ev.time + hop, Kind.ARRIVE, k + 1, item)
+        else:
+            for nxt in on_done(item, handle, ev.time):
+                q.push(ev.time, Kind.ARRIVE, 0, nxt)
+        if waiting[k]:
+            start(k, ev.time)
+    return tl
+
+
+@dataclass(frozen=True)
+class _SimSeq:
+    index: int
+
+
+@dataclass(frozen=True)
+class _SimItem:
+    seq: _SimSeq
+    token: int
+    ids: range
+
+
+def simulate(cost: CostModel, sequences: int, tokens: int) -> Timeline:
+    """The schedule alone, no model: ``sequences`` sequences each decoding ``tokens`` tokens
+    (for models too large to run here: timelines, plots, throughput against sequences)."""
+    one = range(1)
+
+    def on_done(item, _handle, _now):
+        return [_SimItem(item.seq, item.token + 1, one)] if item.token + 1 < tokens else []
+
+    return schedule(cost, cost.placement.n_units, [_SimItem(_SimSeq(j), 0, one) for j in range(sequences)],
+                    lambda k, item: None, on_done)
+
+
+def decode_rate(tl: Timeline, tokens: int) -> tuple[float, float]:
+    """(per-sequence, aggregate) tokens per simulated second of a ``simulate`` timeline."""
+    seqs = {s.sequence for s in tl.spans}
+    total = tl.makespan
+    return tokens / total, len(seqs) * tokens / total
+
+
+
 class WaferPipeline:
     """The loaded ``model`` split as ``placement`` says, timed by ``cost`` (by default the
     placement's own cost model).  Use as a context manager, or call ``close()``."""
@@ -180,82 +253,54 @@ class WaferPipeline:
             kv = (m.config.n_layers, n_ctx, m.config.kv_dim)
             seqs.append(_Seq(j, p, max_tokens, Sampler(sampling), np.zeros(kv, np.float32), np.zeros(kv, np.float32), list(p)))
 
-        n = len(self.stages)
-        q = EventQueue()
-        tl = Timeline(n)
-        waiting = [deque() for _ in range(n)]  # items that reached a stage, in arrival order
-        busy = [False] * n
-        running: dict[int, tuple[_Item, Future, float]] = {}
-        x_of: dict[tuple[int, int], Future] = {}  # (sequence, token) -> result of the stage it just left
+        def entries():
+            for sq in seqs:  # each prompt enters in chunks, as decode.Model.forward splits it
+                p = sq.prompt
+                starts = list(range(0, len(p), chunk))
+                for c, c0 in enumerate(starts):
+                    yield _Item(sq, c - len(starts), c0, np.asarray(p[c0:c0 + chunk], np.int64), c == len(starts) - 1)
+
+        x_of: dict[tuple[int, int], Future] = {}  # (sequence, step) -> result of the stage it has just left
         steps = 0
 
-        def start(k: int, now: float) -> None:
-            item = waiting[k].popleft()
+        def on_start(k: int, item: _Item) -> Future:
             key = (item.seq.index, item.token)
             stage, x_in = self.stages[k], (x_of[key] if k else None)
-            fut = stage.submit(lambda: stage.forward(item, x_in))
-            x_of[key] = fut
-            dur = self.cost.stage_time(k, len(item.ids))
-            busy[k] = True
-            running[k] = (item, fut, now)
-            q.push(now + dur, Kind.DONE, k, item)
+            fut = x_of[key] = stage.submit(lambda: stage.forward(item, x_in))
+            return fut
 
-        def arrive(k: int, item: _Item, t: float) -> None:
-            q.push(t, Kind.ARRIVE, k, item)
-
-        for sq in seqs:  # each prompt enters in chunks, as decode.Model.forward splits it
-            p = sq.prompt
-            starts = list(range(0, len(p), chunk))
-            for c, c0 in enumerate(starts):
-                ids = np.asarray(p[c0:c0 + chunk], np.int64)
-                arrive(0, _Item(sq, c - len(starts), c0, ids, c == len(starts) - 1), 0.0)
+        def on_done(item: _Item, fut: Future, now: float) -> list[_Item]:
+            nonlocal steps
+            x_of.pop((item.seq.index, item.token))
+            if not item.last_chunk:
+                return []
+            steps += item.token >= 0
+            return self._next_token(item.seq, fut.result(), now)
 
         wall0 = time.perf_counter()
         try:
-            while len(q):
-                ev = q.pop()
-                k, item = ev.stage, ev.item
-                if ev.kind is Kind.ARRIVE:
-                    waiting[k].append(item)
-                    if not busy[k]:
-                        start(k, ev.time)
-                    continue
-                _, fut, t0 = running.pop(k)
-                busy[k] = False
-                sq = item.seq
-                tl.spans.append(Span("stage", k, sq.index, item.token, t0, ev.time))
-                if k + 1 < n:
-                    hop = self.cost.hop_time(len(item.ids))
-                    tl.spans.append(Span("hop", k, sq.index, item.token, ev.time, ev.time + hop))
-                    arrive(k + 1, item, ev.time + hop)
-                else:
-                    x_of.pop((sq.index, item.token))
-                    if item.last_chunk:
-                        steps += item.token >= 0
-                        self._next_token(sq, fut.result(), ev.time, arrive)
-                if waiting[k]:
-                    start(k, ev.time)
+            tl = schedule(self.cost, len(self.stages), list(entries()), on_start, on_done)
         finally:
             wall = time.perf_counter() - wall0
         return PipelineRun([s.out for s in seqs], [s.finish for s in seqs], tl, wall,
                            [st.busy_s for st in self.stages], [s.first_token_s for s in seqs], steps,
-                           f"{self.placement.model.name} on {n} x {self.placement.hardware.name}")
+                           f"{self.placement.model.name} on {len(self.stages)} x {self.placement.hardware.name}")
 
-    def _next_token(self, sq: _Seq, tok: int, now: float, arrive) -> None:
+    def _next_token(self, sq: _Seq, tok: int, now: float) -> list[_Item]:
         """The sequence's next step, as ``decode.Generator.stream`` takes it."""
         if sq.steps == 0:
             sq.first_token_s = now
         if tok in self.stop_ids:
             sq.finish, sq.done_s = "stop", now
-            return
+            return []
         sq.out.append(tok)
         sq.history.append(tok)
         if len(sq.out) >= sq.max_tokens:
             sq.finish, sq.done_s = "length", now
-            return
+            return []
         pos = len(sq.prompt) + len(sq.out) - 1
         if pos + 1 > sq.k_cache.shape[1]:
             sq.finish, sq.done_s = "context_full", now
-            return
+            return []
         sq.steps += 1
-        arrive(0, _Item(sq, sq.steps - 1, pos, np.asarray([tok], np.int64), True), now)
+        return [_Item(sq, sq.steps - 1, pos, np.asarray([tok], np.int64), True)]
