@@ -450,6 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="JSON Lines: one object per turn, then {\"summary\": ...}")
     c.set_defaults(func=cmd_client)
 
+    from .cli_sim import add_parser as add_sim_parser
+
+    add_sim_parser(sub)
+
     b = sub.add_parser("bench", help="run a benchmark from bench/ (e.g. decode)",
                        description="Run bench/NAME.py with this interpreter; extra arguments are passed on.")
     b.add_argument("name", help="benchmark name, e.g. decode")

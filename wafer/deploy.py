@@ -78,6 +78,7 @@ class TurnProjection:
     llm_first_token_ms: float
     first_phrase_ms: float
     voice_to_voice_ms: float
+    sequential_ms: float  # the same turn if nothing started before the endpoint
     budget_ms: float
     token_ms: float
     figures: TurnFigures = field(repr=False)
@@ -94,7 +95,8 @@ class TurnProjection:
     def to_dict(self) -> dict:
         return {"deployment": self.deployment, "llm_first_token_ms": self.llm_first_token_ms,
                 "first_phrase_ms": self.first_phrase_ms, "voice_to_voice_ms": self.voice_to_voice_ms,
-                "budget_ms": self.budget_ms, "within_budget": self.within_budget, "token_ms": self.token_ms}
+                "voice_to_voice_without_speculation_ms": self.sequential_ms, "budget_ms": self.budget_ms,
+                "within_budget": self.within_budget, "token_ms": self.token_ms}
 
 
 def project_turn(cost: CostModel, name: str, fig: TurnFigures = TurnFigures(), tok_s: float | None = None) -> TurnProjection:
@@ -105,7 +107,8 @@ def project_turn(cost: CostModel, name: str, fig: TurnFigures = TurnFigures(), t
     phrase = first + (fig.first_phrase_tokens - 1) * token
     ready = fig.pause_ms + fig.asr_ms + phrase * 1e3  # the answer's first phrase, from the last voiced sample
     v2v = max(fig.endpoint_ms, ready) + fig.tts_first_audio_ms
-    return TurnProjection(name, first * 1e3, phrase * 1e3, v2v, fig.budget_ms, token * 1e3, fig)
+    sequential = fig.endpoint_ms + fig.asr_ms + phrase * 1e3 + fig.tts_first_audio_ms
+    return TurnProjection(name, first * 1e3, phrase * 1e3, v2v, sequential, fig.budget_ms, token * 1e3, fig)
 
 
 def speculative(dep: Deployment, draft: str, k: int, accept: float) -> float:

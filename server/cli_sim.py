@@ -1,0 +1,266 @@
+"""``wafervox sim``: the wafer/GPU simulator on the command line (a thin adapter over ``wafer``)."""
+
+from __future__ import annotations
+
+import json
+
+
+class CLIError(ValueError):
+    """A bad flag value; ``wafervox``'s main reports it in one line (exit 2)."""
+
+BITS = {"16": 2.0, "8": 1.0, "4": 0.5}
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser(
+        "sim", help="what a token and a voice turn cost on N wafers or on a GPU cluster",
+        description="Place a model on simulated wafers (or GPUs), predict per-token latency, tokens/s per user "
+                    "and aggregate, time to first token, and the verdict for a typical voice turn against 500 ms. "
+                    "Wafers are calibrated once on a published point; --validate prints predicted vs published.")
+    s.add_argument("--model", default="llama-3.1-70b", help="model shape (see --list; default llama-3.1-70b)")
+    s.add_argument("--hardware", default="wse3", help="system: wse3 (cs3), wse2, h100, h200, b200, a100, local-cpu")
+    s.add_argument("--wafers", "--units", "--gpus", dest="units", default="auto", metavar="N|auto",
+                   help="how many wafers (or GPUs); auto = as few as hold the model (default)")
+    s.add_argument("--context", type=int, default=8192, help="KV-cache context per sequence in tokens (default 8192)")
+    s.add_argument("--sequences", type=int, default=1, help="sequences in flight through the pipeline (default 1)")
+    s.add_argument("--bits", choices=sorted(BITS), default="16", help="weight precision (default 16)")
+    s.add_argument("--batch", type=int, default=1, help="GPU serving batch per step (default 1)")
+    s.add_argument("--prompt-tokens", type=int, default=512, help="prompt length for the time to first token (default 512)")
+    s.add_argument("--speculative", metavar="DRAFT:K:ACCEPT",
+                   help="speculative decoding with a draft model, e.g. llama-3.1-8b:4:0.7")
+    s.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a hardware parameter (e.g. hop_latency_s=5e-6); repeatable")
+    s.add_argument("--compare", action="store_true",
+                   help="the seeds' question: one frontier model, standard GPU serving vs. the wafer pipeline")
+    s.add_argument("--validate", action="store_true", help="print the validation table (predicted vs published)")
+    s.add_argument("--list", action="store_true", help="list the catalogued models and systems")
+    s.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    s.add_argument("--plot", metavar="PNG", help="draw the pipeline timeline and tokens/s vs unit count")
+    s.set_defaults(func=cmd_sim)
+
+
+def _overrides(items) -> dict[str, float]:
+    out = {}
+    for it in items:
+        name, sep, value = it.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise CLIError(f"--set {it}: expected NAME=NUMBER") from None
+    return out
+
+
+def _deployment(args):
+    from wafer.deploy import Deployment
+    from wafer.specs import load_hardware
+
+    if args.context < 1 or args.sequences < 1 or args.batch < 1 or args.prompt_tokens < 1:
+        raise CLIError("--context, --sequences, --batch and --prompt-tokens must be >= 1")
+    units = args.units.strip().lower()
+    if units != "auto" and (not units.isdigit() or int(units) < 1):
+        raise CLIError(f"--wafers {args.units}: expected a positive number or 'auto'")
+    hw = load_hardware(args.hardware).with_overrides(_overrides(args.set))
+    dep = Deployment.parse(f"{args.model}@{args.hardware}")
+    kw = dict(units=None if units == "auto" else int(units), context=args.context, sequences=args.sequences,
+              batch=args.batch)
+    kw["bytes_per_param"] = dep.bytes_per_param if dep.bytes_per_param is None and args.bits == "16" else BITS[args.bits]
+    return type(dep)(dep.model, hw, **kw)
+
+
+def _spec_rate(args, dep) -> float | None:
+    if not args.speculative:
+        return None
+    from wafer.deploy import speculative
+
+    try:
+        draft, k, acc = args.speculative.split(":")
+        return speculative(dep, draft, int(k), float(acc))
+    except ValueError as e:
+        raise CLIError(f"--speculative {args.speculative}: {e if 'acceptance' in str(e) else 'expected DRAFT:K:ACCEPT'}") from None
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:.2f}" if b >= 1e7 else f"{b / 1e9:.4f}"
+
+
+def _scaling_points(dep, lo: int, n_max: int):
+    from dataclasses import replace
+
+    from wafer.placement import PlacementError
+
+    pts = []
+    for u in sorted({lo, *range(lo, n_max + 1, max(1, (n_max - lo) // 8 or 1)), n_max}):
+        try:
+            _, c = replace(dep, units=u).build()
+        except (PlacementError, ValueError):
+            continue
+        pts.append((u, 1 / c.token_time(), c.throughput(c.placement.n_units).aggregate_tok_s))
+    return pts
+
+
+def cmd_sim(args) -> int:
+    from wafer.placement import PlacementError
+    from wafer.specs import CatalogueError
+
+    try:
+        if args.list:
+            return _list(args)
+        if args.validate:
+            return _validate(args)
+        if args.compare:
+            return _compare(args)
+        return _one(args)
+    except (CatalogueError, PlacementError) as e:
+        raise CLIError(str(e)) from None
+
+
+def _list(args) -> int:
+    from wafer.specs import hardware_names, model_names
+
+    if args.json:
+        print(json.dumps({"models": model_names(), "hardware": hardware_names()}))
+    else:
+        print("models:   " + ", ".join(model_names()))
+        print("hardware: " + ", ".join(hardware_names()))
+    return 0
+
+
+def _one(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from wafer.deploy import project_turn
+    from wafer.pipeline import simulate
+
+    dep = _deployment(args)
+    placement, cost = dep.build()
+    t_tok = cost.token_time()
+    thr = cost.throughput(args.sequences)
+    spec = _spec_rate(args, dep)
+    proj = project_turn(cost, dep.name, tok_s=spec)
+    ttft = cost.ttft(args.prompt_tokens)
+    hw = dep.hardware
+    unit = "GPU" if hw.kind == "gpu" else ("stage" if hw.kind == "cpu" else "wafer")
+    out = {
+        "deployment": dep.name, "model": dep.model.name, "hardware": hw.name,
+        "units": placement.n_units * getattr(cost, "tp", 1), "pipeline_stages": placement.n_units,
+        "tensor_parallel": getattr(cost, "tp", 1), "bytes_per_param": dep.bytes_per_param,
+        "placement": placement.to_dict()["stages"], "token_ms": t_tok * 1e3, "per_user_tok_s": 1 / t_tok,
+        "sequences": args.sequences, "period_ms": thr.period_s * 1e3, "aggregate_tok_s": thr.aggregate_tok_s,
+        "per_user_tok_s_at_sequences": thr.per_user_tok_s, "ttft_ms": ttft * 1e3, "prompt_tokens": args.prompt_tokens,
+        "speculative_tok_s": spec, "voice_turn": proj.to_dict(),
+        "assumptions": {k: p.value for k, p in hw.params.items() if p.assumption},
+    }
+    if args.plot:
+        tl = simulate(cost, sequences=max(1, min(args.sequences, 8)), tokens=3)
+        lo = placement.n_units
+        pts = _scaling_points(dep, lo, max(lo * 2, lo + 4) if hw.kind != "gpu" else lo * 4)
+        from wafer.plot import sim_figure
+
+        sim_figure(tl, f"{dep.name}: 3 tokens x {max(1, min(args.sequences, 8))} sequence(s), stages and hops",
+                   pts, f"{dep.model.name} on {hw.name}: tokens/s vs {unit}s", args.plot)
+        out["plot"] = args.plot
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    con = Console(width=max(100, Console().width))
+    n_units = placement.n_units * getattr(cost, "tp", 1)
+    con.print(f"[bold]{dep.model.title}[/bold] on [bold]{n_units} x {hw.title}[/bold]"
+              f"  ({'model file sizes' if dep.bytes_per_param is None else f'{dep.bytes_per_param * 8:g}-bit weights'},"
+              f" context {args.context}, {args.sequences} sequence(s) in flight"
+              + (f", tensor parallel {cost.tp}, batch {cost.batch}" if hw.kind == "gpu" else "") + ")")
+    t = Table(title="placement", title_justify="left")
+    for col in (unit if hw.kind != "gpu" else f"stage ({cost.tp} GPUs)", "layers", "weights GB", "KV GB", "fill", "stage µs"):
+        t.add_column(col, justify="right")
+    shown = placement.stages if len(placement.stages) <= 12 else placement.stages[:6] + placement.stages[-3:]
+    for s in shown:
+        extra = (" +embed" if s.has_embed else "") + (" +head" if s.has_head else "")
+        t.add_row(str(s.index), f"{s.first}-{s.stop - 1}{extra}", _gb(s.weight_bytes), _gb(s.kv_bytes),
+                  f"{s.bytes / placement.capacity:.0%}", f"{cost.stage_time(s.index) * 1e6:.1f}")
+    if len(shown) < len(placement.stages):
+        t.caption = f"{len(placement.stages) - len(shown)} more units not shown"
+    con.print(t)
+    con.print(f"per token {t_tok * 1e3:.3f} ms -> {1 / t_tok:,.0f} tok/s per user"
+              + (f"; hop {cost.hop_time() * 1e6:.1f} µs" if placement.n_units > 1 else ""))
+    con.print(f"{args.sequences} sequence(s) in flight: {thr.aggregate_tok_s:,.0f} tok/s aggregate, "
+              f"{thr.per_user_tok_s:,.0f} tok/s each")
+    if spec:
+        con.print(f"with speculative decoding ({args.speculative}): {spec:,.0f} tok/s per user")
+    con.print(f"time to first token for {args.prompt_tokens} prompt tokens: {ttft * 1e3:.1f} ms")
+    con.print(f"voice turn (ASR/TTS as measured here, LLM as modelled): first phrase {proj.first_phrase_ms:.0f} ms, "
+              f"voice-to-voice {proj.voice_to_voice_ms:.0f} ms -> [bold]{proj.verdict}[/bold] ({proj.budget_ms:.0f} ms); "
+              f"without the speculative start {proj.sequential_ms:.0f} ms")
+    assumed = [f"{k}={p.value:g}" for k, p in hw.params.items() if p.assumption]
+    if assumed:
+        con.print("[dim]assumptions (override with --set): " + ", ".join(assumed) + "[/dim]")
+    if args.plot:
+        con.print(f"plot: {args.plot}")
+    return 0
+
+
+def _validate(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from wafer.validate import table
+
+    rows = table()
+    if args.json:
+        print(json.dumps({"validation": [r.to_dict() for r in rows]}))
+        return 0 if all(r.ok for r in rows) else 1
+    t = Table(title="predicted vs published", title_justify="left")
+    for col in ("case", "published", "predicted", "unit", "error", "tolerance", "ok", "kind"):
+        t.add_column(col, justify="left" if col in ("case", "kind") else "right")
+    for r in rows:
+        t.add_row(r.name, f"{r.published:,.1f}", f"{r.predicted:,.1f}", r.unit, f"{r.error:+.1%}",
+                  "-" if r.tolerance is None else f"{r.tolerance:.0%}", "yes" if r.ok else "NO", r.kind)
+    Console(width=max(130, Console().width)).print(t)
+    return 0 if all(r.ok for r in rows) else 1
+
+
+def _compare(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from wafer.deploy import Deployment, project_turn, speculative
+    from wafer.validate import SEEDS_STANDARD, SEEDS_WAFER
+
+    model = args.model if args.model != "llama-3.1-70b" else "frontier-moe"
+    s, w = dict(SEEDS_STANDARD), dict(SEEDS_WAFER)
+    cases = [
+        ("GPU, standard serving", Deployment.parse(f"{model}@h200x8", bytes_per_param=s["bytes_per_param"], batch=s["batch"]), None),
+        ("GPU, batch 1", Deployment.parse(f"{model}@h200x8", bytes_per_param=s["bytes_per_param"]), None),
+        ("wafer pipeline", Deployment.parse(f"{model}@wse3", bytes_per_param=w["bytes_per_param"]), None),
+        ("wafer pipeline + speculation", Deployment.parse(f"{model}@wse3", bytes_per_param=w["bytes_per_param"]),
+         (w["draft"], w["k"], w["accept"])),
+    ]
+    rows = []
+    for label, dep, spec in cases:
+        p, cost = dep.build()
+        rate = speculative(dep, *spec) if spec else 1 / cost.token_time()
+        proj = project_turn(cost, dep.name, tok_s=rate)
+        rows.append({"case": label, "deployment": dep.name, "units": p.n_units * getattr(cost, "tp", 1), "batch": dep.batch,
+                     "per_user_tok_s": rate, "first_phrase_ms": proj.first_phrase_ms,
+                     "voice_to_voice_ms": proj.voice_to_voice_ms, "sequential_ms": proj.sequential_ms,
+                     "within_budget": proj.within_budget})
+    ratio = rows[3]["per_user_tok_s"] / rows[0]["per_user_tok_s"]
+    if args.json:
+        print(json.dumps({"model": model, "compare": rows, "wafer_vs_standard": ratio, "seeds_claim": 750 / 53}))
+        return 0
+    t = Table(title=f"{model}: standard GPU serving vs. the wafer pipeline (seeds' claim: 53 vs 750 tok/s, 14x)",
+              title_justify="left")
+    for col in ("case", "deployment", "units", "batch", "tok/s per user", "1st phrase ms", "voice-to-voice ms",
+                "without spec. start", "fits 500 ms"):
+        t.add_column(col, justify="left" if col in ("case", "deployment") else "right")
+    for r in rows:
+        t.add_row(r["case"], r["deployment"], str(r["units"]), str(r["batch"]), f"{r['per_user_tok_s']:,.0f}",
+                  f"{r['first_phrase_ms']:.0f}", f"{r['voice_to_voice_ms']:.0f}", f"{r['sequential_ms']:.0f}",
+                  "yes" if r["within_budget"] else "no")
+    con = Console(width=max(130, Console().width))
+    con.print(t)
+    con.print(f"wafer pipeline with speculation vs standard serving: {ratio:.1f}x (seeds: {750 / 53:.1f}x)")
+    con.print("[dim]standard serving batches 64 users per step, so each step reads most experts and every user's KV; "
+              "the wafer serves one sequence per step and is bound by per-layer latency and hops[/dim]")
+    return 0
