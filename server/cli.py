@@ -151,15 +151,38 @@ def cmd_run(args) -> int:
             raise CLIError(str(exc).strip("'\"")) from None
     for f in files:
         read_wav(f)  # a bad file is reported before the engines load
+    emulated = None
+    if args.emulate:
+        from wafer.deploy import Deployment
+
+        Deployment.parse(args.emulate).build()  # a bad deployment is reported before the engines load
     engines = _engines(args, console)
+    if args.emulate:
+        from wafer.emulate import emulate
+
+        engines, dep, cost = emulate(engines, args.emulate, pace=not args.no_pace)
+        emulated = engines.llm
+        console.print(f"emulating {dep.name}: {1 / cost.token_time():,.0f} tok/s per user, "
+                      f"{'paced where slower than this machine' if not args.no_pace else 'not paced'}")
     console.print(f"playing {len(files)} file(s) {'in real time' if args.realtime else 'as fast as possible (virtual clock)'}, "
                   f"budget {config.budget_ms:.0f} ms\n")
 
+    projections = []
+
     def on_report(r):
+        d = r.to_dict()
+        if emulated is not None:
+            d["emulated"] = emulated.project(r)
+            projections.append(d["emulated"])
         if args.json:
-            print(json.dumps(r.to_dict()), flush=True)
+            print(json.dumps(d), flush=True)
         else:
             _print_turn(console, r)
+            if d.get("emulated"):
+                e = d["emulated"]
+                verdict = "within budget" if e["within_budget"] else f"over by {e['overrun_ms']:.0f} ms"
+                console.print(f"        on {e['deployment']}: first phrase {e['first_phrase_ms']:.0f} ms, "
+                              f"voice-to-voice {e['voice_to_voice_ms']:.0f} ms, {verdict}")
 
     sink = BufferSink(engines.tts.sample_rate)
     speaker = None
@@ -180,10 +203,16 @@ def cmd_run(args) -> int:
         if speaker is not None:
             speaker.close()
     summary = summarize(reports)
+    if emulated is not None:
+        summary["emulated"] = _emulated_summary(emulated.deployment.name, projections, config.budget_ms)
     if args.json:
         print(json.dumps({"summary": summary}))
     else:
         _print_summary(console, summary)
+        if emulated is not None:
+            e = summary["emulated"]
+            console.print(f"on {e['deployment']}: voice-to-voice p50 {e['voice_to_voice_p50_ms']} / p95 {e['voice_to_voice_p95_ms']} ms, "
+                          f"{e['within_budget']}/{e['turns']} within budget")
     if args.save_audio:
         out = Path(args.save_audio)
         write_wav(out / "agent.wav", sink.render(), sink.rate)
@@ -194,6 +223,17 @@ def cmd_run(args) -> int:
         waterfall(reports, args.plot)
         console.print(f"latency waterfall written to {args.plot}")
     return 0
+
+
+def _emulated_summary(name: str, projections: list, budget_ms: float) -> dict:
+    from voice.latency import percentile
+
+    v = [p["voice_to_voice_ms"] for p in projections if p]
+    p50, p95 = percentile(v, 0.5), percentile(v, 0.95)
+    return {"deployment": name, "turns": len(v), "budget_ms": budget_ms,
+            "voice_to_voice_p50_ms": None if p50 is None else round(p50, 1),
+            "voice_to_voice_p95_ms": None if p95 is None else round(p95, 1),
+            "within_budget": sum(1 for p in projections if p and p["within_budget"])}
 
 
 def cmd_mic(args) -> int:
@@ -405,6 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--save-audio", metavar="DIR", help="write the agent's answer audio to DIR/agent.wav")
     r.add_argument("--speak", action="store_true", help="also play the answers on the default sound device")
     r.add_argument("--plot", metavar="PNG", help="draw a per-turn latency waterfall")
+    r.add_argument("--emulate", metavar="MODEL@HARDWARExN",
+                   help="report each turn as it would be with the LLM on a simulated deployment, e.g. llama-3.1-70b@cs3x4 "
+                        "or llama-3.1-70b@h200x8 (see `wafervox sim --list`); a slower target is paced so you hear it")
+    r.add_argument("--no-pace", action="store_true", help="with --emulate: project only, never slow the token stream")
     voice_flags(r)
     r.set_defaults(func=cmd_run)
 

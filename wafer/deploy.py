@@ -1,10 +1,11 @@
 """Deployments (``MODEL@HARDWARExN``) and what a voice turn costs on one.
 
 ``Deployment.parse("llama-3.1-70b@cs3x4")`` names a model, a system and a unit count (wafers or
-GPUs; omitted = as few as fit).  ``project_turn`` puts the modelled LLM figures next to this
-machine's measured ASR and TTS figures and gives voice-to-voice and the verdict against the
-budget, following the loop's speculative policy: transcription and the answer start at the
-pause, and the answer's audio waits for the endpoint.
+GPUs; omitted = as few as fit), optionally the weight precision (``...@h200x16:8bit``; default
+16).  ``project_turn`` puts the modelled LLM figures next to this machine's measured ASR and TTS
+figures and gives voice-to-voice and the verdict against the budget, following the loop's
+speculative policy: transcription and the answer start at the pause, and the answer's audio
+waits for the endpoint.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .placement import Placement, place
 from .specs import CatalogueError, Hardware, ModelShape, load_hardware, load_model
 from .timing import CostModel, GPUCost, cost_model, place_gpus, speculative_tok_s
 
-_SPEC = re.compile(r"^\s*([A-Za-z0-9._-]+)\s*@\s*([A-Za-z0-9._-]+?)(?:\s*[x×]\s*(\d+|auto))?\s*$")
+_SPEC = re.compile(r"^\s*([A-Za-z0-9._-]+)\s*@\s*([A-Za-z0-9._-]+?)(?:\s*[x×]\s*(\d+|auto))?(?:\s*:\s*(4|8|16)-?bits?)?\s*$")
 
 
 @dataclass(frozen=True)
@@ -33,13 +34,16 @@ class Deployment:
     def parse(cls, text: str, **kw) -> Deployment:
         m = _SPEC.match(text)
         if not m:
-            raise CatalogueError(f"'{text}' is not MODEL@HARDWARE[xN] (e.g. llama-3.1-70b@cs3x4, llama-3.1-8b@h200x1)")
+            raise CatalogueError(f"'{text}' is not MODEL@HARDWARE[xN][:BITSbit] (e.g. llama-3.1-70b@cs3x4, "
+                                 "llama-3.1-8b@h200x1, frontier-moe@h200x16:8bit)")
         model = load_model(m.group(1))
         hw = load_hardware(m.group(2))
         units = None if m.group(3) in (None, "auto") else int(m.group(3))
         if units is not None and units < 1:
             raise CatalogueError(f"'{text}': the unit count must be at least 1")
-        if model.file_bytes is not None and "bytes_per_param" not in kw:
+        if m.group(4):
+            kw["bytes_per_param"] = int(m.group(4)) / 8
+        elif model.file_bytes is not None and "bytes_per_param" not in kw:
             kw["bytes_per_param"] = None  # the model file's own sizes
         return cls(model, hw, units, **kw)
 

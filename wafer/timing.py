@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .placement import Placement, place
+from .placement import Placement, PlacementError, place
 from .specs import Hardware, ModelShape, load_model
 
 #: Tokens in a decode step.
@@ -203,19 +203,20 @@ def place_gpus(model: ModelShape, hw: Hardware, gpus: int | None, *, context: in
     picks the fewest GPUs (1, 2, 4, 8, then whole nodes) that hold the model.  Returns (placement, tp)."""
     node = int(hw["node_gpus"])
     candidates = [gpus] if gpus else [1, 2, 4, 8] + [node * k for k in range(2, 65)]
-    last = None
     for g in candidates:
         tp = min(g, node)
         if g % tp:
-            raise ValueError(f"{g} GPUs do not split into nodes of {node}")
-        pp = g // tp
+            raise PlacementError(f"{g} GPUs do not split into nodes of {node}")
         try:
-            p = place(model, hw, pp, context=context, sequences=sequences, bytes_per_param=bytes_per_param,
-                      capacity=hw.usable_bytes * tp)
-            return p, tp
-        except ValueError as e:
-            last = e
-    raise last
+            return place(model, hw, g // tp, context=context, sequences=sequences, bytes_per_param=bytes_per_param,
+                         capacity=hw.usable_bytes * tp), tp
+        except PlacementError:
+            continue
+    bits = f"{bytes_per_param * 8:g}-bit"
+    need = model.weight_bytes(bytes_per_param) / hw.usable_bytes
+    raise PlacementError(f"{model.name} at {bits} with KV for {context} tokens x {sequences} sequences does not fit on "
+                         f"{gpus or candidates[-1]} {hw.name} GPUs ({hw.usable_bytes / 1e9:.0f} GB usable each; the weights "
+                         f"alone need {need:.1f}); use more GPUs (a multiple of {node}) or fewer bits")
 
 
 # -- this machine's CPU ---------------------------------------------------------------------------
