@@ -2,8 +2,9 @@
 
 ``EmulatedLLM`` wraps the loop's conversation (same text, same KV cache): it counts the new
 prompt tokens and the pieces of each answer and, where the target is slower than this machine,
-holds each piece back until the target would have produced it (first token at its time to
-first token, then one token per modelled step), so the user hears the deployment's pace.
+holds each piece back until the target could have produced it (the first at its time to first
+token, each next one a modelled step after the one before), so the user hears the deployment's
+pace.
 ``project(report)`` then puts the projected turn next to the measured one: the measured
 endpoint, ASR and TTS, with the LLM span replaced by the target's.
 """
@@ -43,17 +44,16 @@ class EmulatedLLM:
         ids = self.inner.prompt_ids(user_text)
         call = _Call(len(ids) - min(common_prefix(gen.cached, ids), len(ids) - 1), [])
         self.calls.append(call)
-        first = self.cost.ttft(call.new_tokens)
-        t0 = time.perf_counter()
+        allowed = time.perf_counter() + self.cost.ttft(call.new_tokens)  # earliest the target has the next token
         stream = self.inner.reply(user_text)
         try:
-            for i, piece in enumerate(stream):
+            for piece in stream:
                 call.pieces.append(piece)
-                if self.pace:
-                    delay = t0 + first + i * self.token_s - time.perf_counter()
-                    if delay > 0:
-                        call.held_s += delay
-                        time.sleep(delay)
+                now = time.perf_counter()
+                if self.pace and allowed > now:
+                    call.held_s += allowed - now
+                    time.sleep(allowed - now)
+                allowed = max(now, allowed) + self.token_s
                 yield piece
         finally:
             stream.close()
