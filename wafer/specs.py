@@ -173,9 +173,9 @@ class ModelShape:
         return self._file()[2] if bytes_per_param is None else self.head_params * bytes_per_param
 
     def weight_bytes(self, bytes_per_param: float | None) -> float:
-        tied = self.tied_embeddings
-        return (self.embed_bytes(bytes_per_param) + sum(self.layer_bytes(i, bytes_per_param) for i in range(self.n_layers))
-                + (0.0 if tied else self.head_bytes(bytes_per_param)))
+        embed, head = self.embed_bytes(bytes_per_param), self.head_bytes(bytes_per_param)
+        own_head = head - embed if self.tied_embeddings else head  # a tied head adds only its norm
+        return embed + sum(self.layer_bytes(i, bytes_per_param) for i in range(self.n_layers)) + own_head
 
     def kv_bytes_per_token(self, kv_bytes: float = 2.0) -> float:
         """KV-cache bytes one token adds to one layer."""
