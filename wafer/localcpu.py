@@ -1,7 +1,7 @@
 """``local-cpu``: this machine as a catalogue entry, measured rather than published.
 
 Three micro-measurements with the decode core's own kernels, none of them a decode step:
-the rate at which ``matvec`` streams Q4_1 weights that do not fit in cache (``gemv_bw``) and a
+the rate at which the layer's matrix-vector kernels stream Q4_1 weights from memory (``gemv_bw``) and a
 vocabulary-sized Q8_0 output head (``head_bw``),
 the cost of one parallel and one serial kernel call on a tiny input (``call_overhead_s``,
 ``serial_call_s``), and ``matmat``'s FLOP rate for prefill (``flops_16bit``, named like the
@@ -22,7 +22,7 @@ import numpy as np
 from .specs import Hardware, hardware_from_dict
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "wafervox" / "local-cpu.json"
-_FORMAT = 2
+_FORMAT = 3
 
 
 def _machine_key() -> str:
@@ -48,29 +48,45 @@ def _median_time(fn, repeat: int) -> float:
     return float(np.median(ts))
 
 
-def measure(ring_bytes: float = 128e6) -> dict[str, float]:
-    """Run the micro-measurements (about two seconds) and return their figures."""
+def _q4_1(rng, shape) -> np.ndarray:
+    """Random Q4_1 rows with sane scales: ``(rows, row_bytes)`` uint8."""
+    from decode.quant import QType, row_bytes
+
+    rows, cols = shape
+    w = rng.integers(0, 255, size=(rows, row_bytes(QType.Q4_1, cols)), dtype=np.uint8)
+    w.reshape(rows, cols // 32, 20)[..., 0:4] = np.frombuffer(np.array([0.01, 0.0], np.float16).tobytes(), np.uint8)
+    return w
+
+
+def measure(ring_bytes: float = 128e6, d: int = 576, kv: int = 192, ff: int = 1536) -> dict[str, float]:
+    """Run the micro-measurements (a few seconds) and return their figures.  The matrix-vector rate
+    is taken the way a decode layer calls the kernels (q/k/v and gate/up fused in ``matvec3``,
+    ``wo`` and ``down`` alone), at a llama layer's shapes (default: the bundled model's), over a
+    ring of layers four times larger than the last-level cache, so every byte comes from memory."""
     from decode.ops import add_into
-    from decode.quant import QType, matmat, matvec, row_bytes
+    from decode.quant import QType, matmat, matvec, matvec3, row_bytes
 
     rng = np.random.default_rng(0)
-    rows, cols = 1536, 576  # a SmolLM2 FFN matrix's shape; the ring is 4x larger than L3
-    rb = row_bytes(QType.Q4_1, cols)
-    n = max(2, int(ring_bytes // (rows * rb)))
-    ring = rng.integers(0, 255, size=(n, rows, rb), dtype=np.uint8)
-    blocks = ring.reshape(n, rows, cols // 32, 20)
-    blocks[..., 0:4] = np.frombuffer(np.array([0.01, 0.0], np.float16).tobytes(), np.uint8)  # sane d and m
-    x = rng.standard_normal(cols).astype(np.float32)
-    out = np.zeros(rows, np.float32)
-    q = int(QType.Q4_1)
-    matvec(q, ring[0], x, out)  # compile / load from cache
+    shapes = ((d, d), (kv, d), (kv, d), (d, d), (ff, d), (ff, d), (d, ff))
+    one = sum(r * row_bytes(QType.Q4_1, c) for r, c in shapes)
+    ring = [[_q4_1(rng, sh) for sh in shapes] for _ in range(max(2, int(ring_bytes // one)))]
+    x, xf = rng.standard_normal(d).astype(np.float32), rng.standard_normal(ff).astype(np.float32)
+    q, k, v, o = (np.zeros(r, np.float32) for r in (d, kv, kv, d))
+    g, u = np.zeros(ff, np.float32), np.zeros(ff, np.float32)
+    q4 = int(QType.Q4_1)
 
     def sweep():
-        for i in range(n):
-            matvec(q, ring[i], x, out)
+        for wq, wk, wv, wo, wg, wu, wd in ring:
+            matvec3(q4, wq, q4, wk, q4, wv, x, q, k, v)
+            matvec(q4, wo, x, o)
+            matvec3(q4, wg, q4, wu, q4, wu[:0], x, g, u, u[:0])
+            matvec(q4, wd, xf, o)
 
-    sweep()
-    gemv_bw = ring.nbytes / _median_time(sweep, 5)
+    sweep()  # compile or load from the cache, and touch every page
+    gemv_bw = len(ring) * one / _median_time(sweep, 9)
+    cols = d
+    x = rng.standard_normal(cols).astype(np.float32)
+    ring = ring[0]
 
     # the output head: a vocabulary-sized Q8_0 matrix (two of them, so that neither stays in cache)
     hrows, hrb = 49152, row_bytes(QType.Q8_0, cols)
@@ -84,18 +100,18 @@ def measure(ring_bytes: float = 128e6) -> dict[str, float]:
         matvec(q8, heads[0], x, hout)
         matvec(q8, heads[1], x, hout)
 
-    head_bw = heads.nbytes / _median_time(head_sweep, 5)
+    head_bw = heads.nbytes / _median_time(head_sweep, 9)
 
-    tiny_w = ring[0, :64]
+    tiny_w = ring[0][:64]
     tiny_out = np.zeros(64, np.float32)
 
     def par_calls():
         for _ in range(200):
-            matvec(q, tiny_w, x, tiny_out)
+            matvec(q4, tiny_w, x, tiny_out)
 
     call = _median_time(par_calls, 5) / 200
-    a = np.zeros((1, 576), np.float32)
-    b = np.ones((1, 576), np.float32)
+    a = np.zeros((1, d), np.float32)
+    b = np.ones((1, d), np.float32)
     add_into(a, b)
 
     def ser_calls():
@@ -105,9 +121,10 @@ def measure(ring_bytes: float = 128e6) -> dict[str, float]:
     serial = _median_time(ser_calls, 5) / 500
 
     xs = rng.standard_normal((64, cols)).astype(np.float32)
-    mo = np.zeros((64, rows), np.float32)
-    matmat(q, ring[0], xs, mo)
-    flops = 2 * 64 * rows * cols / _median_time(lambda: matmat(q, ring[1], xs, mo), 5)
+    big = ring[4]  # the gate matrix
+    mo = np.zeros((64, big.shape[0]), np.float32)
+    matmat(q4, big, xs, mo)
+    flops = 2 * 64 * big.shape[0] * cols / _median_time(lambda: matmat(q4, big, xs, mo), 5)
     return {"gemv_bw": gemv_bw, "head_bw": head_bw, "call_overhead_s": call, "serial_call_s": serial, "flops_16bit": flops}
 
 
@@ -137,9 +154,15 @@ def local_cpu(remeasure: bool = False, cache: Path | None = CACHE) -> Hardware:
                 cache.write_text(json.dumps({"key": key, "date": when, "figures": figures}, indent=1))
             except OSError:
                 pass
-    src = f"measured on this machine ({key.split('|')[0]}) on {when} with the decode kernels"
+    return from_figures(figures, when, key.split("|")[0])
+
+
+def from_figures(figures: dict[str, float], when: str | None = None, machine: str | None = None) -> Hardware:
+    """The ``local-cpu`` entry for a set of ``measure()`` figures."""
+    machine = machine or _machine_key().split("|")[0]
+    src = f"measured on this machine ({machine}) on {when or date.today().isoformat()} with the decode kernels"
     params = {
-        "gemv_bw": {"value": figures["gemv_bw"], "source": src + ": Q4_1 matvec streaming 128 MB"},
+        "gemv_bw": {"value": figures["gemv_bw"], "source": src + ": Q4_1 matvec/matvec3 as a layer calls them, 128 MB ring"},
         "head_bw": {"value": figures["head_bw"], "source": src + ": Q8_0 matvec of a 49152-row head"},
         "call_overhead_s": {"value": figures["call_overhead_s"], "source": src + ": one parallel kernel call"},
         "serial_call_s": {"value": figures["serial_call_s"], "source": src + ": one serial kernel call"},
@@ -148,6 +171,5 @@ def local_cpu(remeasure: bool = False, cache: Path | None = CACHE) -> Hardware:
         "usable_fraction": {"value": 0.5, "assumption": True, "source": "share of RAM a model may take here"},
         "hop_latency_s": {"value": 2e-6, "assumption": True, "source": "a stage-to-stage hand-off between threads"},
     }
-    hw = hardware_from_dict({"name": "local-cpu", "title": "this machine's CPU (measured)", "kind": "cpu",
-                             "params": params, "aliases": ["cpu"]})
-    return hw
+    return hardware_from_dict({"name": "local-cpu", "title": "this machine's CPU (measured)", "kind": "cpu",
+                               "params": params, "aliases": ["cpu"]})

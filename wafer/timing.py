@@ -222,10 +222,11 @@ def place_gpus(model: ModelShape, hw: Hardware, gpus: int | None, *, context: in
 # -- this machine's CPU ---------------------------------------------------------------------------
 
 class CPUCost(CostModel):
-    """The decode core on this machine: weights streamed at the measured kernel rates, plus the
-    measured cost of each kernel call (5 parallel and 7 serial per layer) and the float32 KV read."""
+    """The decode core on this machine: weights streamed at the measured kernel rates (which include
+    the four matrix-vector calls of a layer), plus the measured cost of the layer's other kernel
+    calls (attention in parallel, 7 serial: norms, RoPE, residual adds, SiLU) and the float32 KV read."""
 
-    PARALLEL_CALLS = 5
+    PARALLEL_CALLS = 1
     SERIAL_CALLS = 7
 
     def __init__(self, placement: Placement, context_used: int = 256):
