@@ -34,6 +34,10 @@ def add_parser(sub) -> None:
                    help="the seeds' question: one frontier model, standard GPU serving vs. the wafer pipeline")
     s.add_argument("--validate", action="store_true", help="print the validation table (predicted vs published)")
     s.add_argument("--list", action="store_true", help="list the catalogued models and systems")
+    s.add_argument("--run", type=int, nargs="?", const=32, metavar="TOKENS",
+                   help="also run the real model (smollm2-135m only) through WaferPipeline on this placement, one "
+                        "sequence per --sequences, TOKENS tokens each (default 32): wall time here next to simulated "
+                        "time on the target, stage utilisation and bubbles")
     s.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     s.add_argument("--plot", metavar="PNG", help="draw the pipeline timeline and tokens/s vs unit count")
     s.set_defaults(func=cmd_sim)
@@ -153,6 +157,9 @@ def _one(args) -> int:
         "speculative_tok_s": spec, "voice_turn": proj.to_dict(),
         "assumptions": {k: p.value for k, p in hw.params.items() if p.assumption},
     }
+    run = _run_pipeline(args, placement, cost) if args.run else None
+    if run is not None:
+        out["run"] = run
     if args.plot:
         tl = simulate(cost, sequences=max(1, min(args.sequences, 8)), tokens=3)
         lo = placement.n_units
@@ -195,9 +202,37 @@ def _one(args) -> int:
     assumed = [f"{k}={p.value:g}" for k, p in hw.params.items() if p.assumption]
     if assumed:
         con.print("[dim]assumptions (override with --set): " + ", ".join(assumed) + "[/dim]")
+    if run is not None:
+        con.print(f"ran {run['sequences']} sequence(s) x {run['tokens']} tokens through {placement.n_units} stage(s): "
+                  f"wall {run['wall_s'] * 1e3:.0f} ms here ({run['wall_tok_s']:.0f} tok/s), simulated "
+                  f"{run['sim_s'] * 1e3:.3f} ms on {hw.name} ({run['sim_tok_s']:,.0f} tok/s); tokens identical to the "
+                  f"decode core: {'yes' if run['identical'] else 'NO'}")
+        con.print("stage utilisation " + " ".join(f"{u:.0%}" for u in run["utilisation"])
+                  + "; bubbles " + " ".join(f"{b * 1e6:.0f}" for b in run["bubbles_s"]) + " µs"
+                  + "; busy here " + " ".join(f"{b * 1e3:.0f}" for b in run["stage_busy_wall_s"]) + " ms")
     if args.plot:
         con.print(f"plot: {args.plot}")
     return 0
+
+
+def _run_pipeline(args, placement, cost) -> dict:
+    """The real model through ``WaferPipeline`` on ``placement``; checked against ``Generator``."""
+    if placement.model.file_bytes is None:
+        raise CLIError(f"--run needs a model that runs here (smollm2-135m); {placement.model.name} is a shape only")
+    if args.run < 1:
+        raise CLIError("--run TOKENS must be >= 1")
+    from decode.generate import Generator
+    from wafer.pipeline import WaferPipeline
+
+    g = Generator(n_ctx=min(2048, 64 + args.run))
+    qs = ("When do you open on Sunday?", "How much is a croissant?", "Tell me about your bread.", "Do you deliver?")
+    prompts = [g.encode_chat([{"role": "user", "content": qs[j % len(qs)]}]) for j in range(args.sequences)]
+    ref = [list(Generator(g.model).generate(p, max_tokens=args.run, stop_ids=()).token_ids) for p in prompts]
+    with WaferPipeline(g.model, placement, cost) as wp:
+        r = wp.run(prompts, max_tokens=args.run)
+    d = r.to_dict()
+    d.update(sequences=len(prompts), tokens=args.run, identical=r.tokens == ref)  # token lists give way to the count
+    return d
 
 
 def _validate(args) -> int:

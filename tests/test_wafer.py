@@ -329,6 +329,17 @@ def test_cli_sim_json_and_plot(tmp_path):
     assert human.returncode == 0 and "tok/s per user" in human.stdout and "voice-to-voice" in human.stdout
 
 
+def test_cli_sim_runs_the_real_model_on_a_placement():
+    out = wafervox("sim", "--model", "smollm2-135m", "--hardware", "wse3", "--wafers", "2", "--sequences", "2",
+                   "--run", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    run = json.loads(out.stdout)["run"]
+    assert run["identical"] and run["sequences"] == 2 and run["tokens"] == 8
+    assert len(run["utilisation"]) == 2 and run["wall_s"] > run["sim_s"] > 0
+    bad = wafervox("sim", "--model", "llama-3.1-8b", "--run", "4")
+    assert bad.returncode == 2 and "shape only" in bad.stderr
+
+
 def test_cli_sim_bad_input_in_one_line():
     for args, needle in ((("--model", "gpt-9"), "unknown model"), (("--hardware", "h200", "--gpus", "8", "--model", "frontier-moe"),
                                                                     "does not fit"),
