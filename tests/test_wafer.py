@@ -168,6 +168,13 @@ def test_throughput_rises_with_sequences_up_to_the_stage_count():
         assert simulated[n - 1] > 0.85 * analytic[n - 1]
 
 
+def test_a_prompt_chunk_costs_more_than_a_decode_step():
+    for spec in ("llama-3.1-70b@cs3x4", "llama-3.1-70b@h200x8", "smollm2-135m@local-cpu"):
+        cost = Deployment.parse(spec).build()[1]
+        assert cost.stage_time(0, 256) > 1.2 * cost.stage_time(0, 1), spec
+        assert cost.ttft(512) > cost.ttft(32) > cost.token_time()
+
+
 def test_gpu_model_scales_with_tensor_parallel_and_batch():
     one = Deployment.parse("gpt-13b@a100x1", context=2048).build()[1]
     two = Deployment.parse("gpt-13b@a100x2", context=2048).build()[1]

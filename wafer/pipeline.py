@@ -272,10 +272,11 @@ class WaferPipeline:
         def on_done(item: _Item, fut: Future, now: float) -> list[_Item]:
             nonlocal steps
             x_of.pop((item.seq.index, item.token))
+            tok = fut.result()  # raises here if any stage of this pass failed
             if not item.last_chunk:
                 return []
             steps += item.token >= 0
-            return self._next_token(item.seq, fut.result(), now)
+            return self._next_token(item.seq, tok, now)
 
         wall0 = time.perf_counter()
         try:

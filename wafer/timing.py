@@ -117,7 +117,12 @@ class WaferCost(CostModel):
         self._read = [_stage_read(p, k) for k in range(p.n_units)]
 
     def layer_time(self, layer: int, tokens: int = _ONE) -> float:
-        return self.tau + self._read[self.placement.stage_of(layer).index]
+        """The layer's latency; a prompt chunk of ``tokens`` adds the compute of the others."""
+        t = self.tau + self._read[self.placement.stage_of(layer).index]
+        if tokens > 1:
+            hw = self.placement.hardware
+            t += 2 * self.placement.model.layer_active_params(layer) * (tokens - 1) / (hw["flops_16bit"] * hw["prefill_mfu"])
+        return t
 
     def head_time(self) -> float:
         return self.tau + self._read[-1]
@@ -165,7 +170,7 @@ class GPUCost(CostModel):
         m, hw = self.placement.model, self.placement.hardware
         kv = self.batch * self.context_used * m.kv_bytes_per_token()
         mem = (self._layer_read_bytes(layer) + kv) / self.tp / self.bw
-        flops = 2 * self.batch * m.layer_active_params(layer) / self.tp / (hw["flops_16bit"] * hw["prefill_mfu"])
+        flops = 2 * self.batch * tokens * m.layer_active_params(layer) / self.tp / (hw["flops_16bit"] * hw["prefill_mfu"])
         return max(mem, flops)
 
     def head_time(self) -> float:
@@ -236,8 +241,11 @@ class CPUCost(CostModel):
     def layer_time(self, layer: int, tokens: int = _ONE) -> float:
         hw, m = self.placement.hardware, self.placement.model
         kv = 2 * self.context_used * m.n_kv_heads * m.head_dim * 4  # float32 K and V
-        return ((self.placement.model.layer_bytes(layer, self.placement.bytes_per_param) + kv) / hw["gemv_bw"]
-                + self.PARALLEL_CALLS * hw["call_overhead_s"] + self.SERIAL_CALLS * hw["serial_call_s"])
+        t = ((self.placement.model.layer_bytes(layer, self.placement.bytes_per_param) + kv) / hw["gemv_bw"]
+             + self.PARALLEL_CALLS * hw["call_overhead_s"] + self.SERIAL_CALLS * hw["serial_call_s"])
+        if tokens > 1:  # a prompt chunk: the matrix-matrix kernels are compute-bound
+            t = max(t, 2 * m.layer_active_params(layer) * tokens / hw["flops_16bit"])
+        return t
 
     def head_time(self) -> float:
         hw = self.placement.hardware
