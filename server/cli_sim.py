@@ -17,13 +17,13 @@ def add_parser(sub) -> None:
         description="Place a model on simulated wafers (or GPUs), predict per-token latency, tokens/s per user "
                     "and aggregate, time to first token, and the verdict for a typical voice turn against 500 ms. "
                     "Wafers are calibrated once on a published point; --validate prints predicted vs published.")
-    s.add_argument("--model", default="llama-3.1-70b", help="model shape (see --list; default llama-3.1-70b)")
+    s.add_argument("--model", default=None, help="model shape (see --list; default llama-3.1-70b, with --compare frontier-moe)")
     s.add_argument("--hardware", default="wse3", help="system: wse3 (cs3), wse2, h100, h200, b200, a100, local-cpu")
     s.add_argument("--wafers", "--units", "--gpus", dest="units", default="auto", metavar="N|auto",
                    help="how many wafers (or GPUs); auto = as few as hold the model (default)")
     s.add_argument("--context", type=int, default=8192, help="KV-cache context per sequence in tokens (default 8192)")
     s.add_argument("--sequences", type=int, default=1, help="sequences in flight through the pipeline (default 1)")
-    s.add_argument("--bits", choices=sorted(BITS), default="16", help="weight precision (default 16)")
+    s.add_argument("--bits", choices=tuple(BITS), default="16", help="weight precision (default 16)")
     s.add_argument("--batch", type=int, default=1, help="GPU serving batch per step (default 1)")
     s.add_argument("--prompt-tokens", type=int, default=512, help="prompt length for the time to first token (default 512)")
     s.add_argument("--speculative", metavar="DRAFT:K:ACCEPT",
@@ -66,7 +66,7 @@ def _deployment(args):
     if units != "auto" and (not units.isdigit() or int(units) < 1):
         raise CLIError(f"--wafers {args.units}: expected a positive number or 'auto'")
     hw = load_hardware(args.hardware).with_overrides(_overrides(args.set))
-    dep = Deployment.parse(f"{args.model}@{args.hardware}")
+    dep = Deployment.parse(f"{args.model or 'llama-3.1-70b'}@{args.hardware}")
     kw = dict(units=None if units == "auto" else int(units), context=args.context, sequences=args.sequences,
               batch=args.batch)
     kw["bytes_per_param"] = dep.bytes_per_param if dep.bytes_per_param is None and args.bits == "16" else BITS[args.bits]
@@ -262,7 +262,7 @@ def _compare(args) -> int:
     from wafer.deploy import Deployment, project_turn, speculative
     from wafer.validate import SEEDS_STANDARD, SEEDS_WAFER
 
-    model = args.model if args.model != "llama-3.1-70b" else "frontier-moe"
+    model = args.model or "frontier-moe"
     s, w = dict(SEEDS_STANDARD), dict(SEEDS_WAFER)
     cases = [
         ("GPU, standard serving", Deployment.parse(f"{model}@h200x8", bytes_per_param=s["bytes_per_param"], batch=s["batch"]), None),
@@ -296,6 +296,7 @@ def _compare(args) -> int:
     con = Console(width=max(130, Console().width))
     con.print(t)
     con.print(f"wafer pipeline with speculation vs standard serving: {ratio:.1f}x (seeds: {750 / 53:.1f}x)")
-    con.print("[dim]standard serving batches 64 users per step, so each step reads most experts and every user's KV; "
+    reads = "most experts and every user's KV" if cases[0][1].model.is_moe else "the weights once and every user's KV"
+    con.print(f"[dim]standard serving batches {cases[0][1].batch} users per step, so each step reads {reads}; "
               "the wafer serves one sequence per step and is bound by per-layer latency and hops[/dim]")
     return 0
