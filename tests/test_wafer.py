@@ -393,3 +393,19 @@ def test_emulated_llm_paces_and_projects(generator):
     proj = llm.project(tr.report())
     assert proj["first_phrase_ms"] >= proj["llm_first_token_ms"] > 0
     assert proj["voice_to_voice_ms"] > 500 and not proj["within_budget"]
+
+
+def test_run_with_emulate_reports_the_projected_turn():
+    """The voice loop end to end with the LLM stage emulating 4 CS-3 wafers."""
+    wav = str(ROOT / "samples" / "morning_02_located.wav")
+    out = wafervox("run", "--fast", "--json", "--emulate", "llama-3.1-70b@cs3x4", wav, timeout=600)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+    turns, summary = lines[:-1], lines[-1]["summary"]
+    assert turns and all(t["emulated"]["deployment"] == "llama-3.1-70b@wse3x4" for t in turns)
+    e = turns[0]["emulated"]
+    assert 0 < e["llm_first_token_ms"] <= e["first_phrase_ms"] and e["new_prompt_tokens"] > 0
+    assert e["voice_to_voice_ms"] >= turns[0]["latency_ms"]["endpoint_ms"] - 1  # the answer waits for the endpoint
+    assert summary["emulated"]["turns"] == len(turns)
+    bad = wafervox("run", "--fast", "--emulate", "llama-3.1-70b@cs3x2", wav)  # 70B does not fit on 2 wafers
+    assert bad.returncode == 2 and "needs at least 4" in bad.stderr and "Traceback" not in bad.stderr
