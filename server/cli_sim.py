@@ -199,6 +199,10 @@ def _one(args) -> int:
     con.print(f"voice turn (ASR/TTS as measured here, LLM as modelled): first phrase {proj.first_phrase_ms:.0f} ms, "
               f"voice-to-voice {proj.voice_to_voice_ms:.0f} ms -> [bold]{proj.verdict}[/bold] ({proj.budget_ms:.0f} ms); "
               f"without the speculative start {proj.sequential_ms:.0f} ms")
+    if hw.kind == "cpu":
+        con.print(f"measured here: read {hw['read_bw'] / 1e9:.1f} GB/s (one thread), layer matvecs {hw['gemv_bw'] / 1e9:.1f} GB/s, "
+                  f"Q8_0 head {hw['head_bw'] / 1e9:.1f} GB/s, {hw['call_overhead_s'] * 1e6:.1f} µs per parallel kernel call "
+                  f"[dim]({hw.params['gemv_bw'].source.split(': ')[0]})[/dim]")
     assumed = [f"{k}={p.value:g}" for k, p in hw.params.items() if p.assumption]
     if assumed:
         con.print("[dim]assumptions (override with --set): " + ", ".join(assumed) + "[/dim]")

@@ -1,11 +1,11 @@
 """``local-cpu``: this machine as a catalogue entry, measured rather than published.
 
-Three micro-measurements with the decode core's own kernels, none of them a decode step:
-the rate at which the layer's matrix-vector kernels stream Q4_1 weights from memory (``gemv_bw``) and a
-vocabulary-sized Q8_0 output head (``head_bw``),
-the cost of one parallel and one serial kernel call on a tiny input (``call_overhead_s``,
-``serial_call_s``), and ``matmat``'s FLOP rate for prefill (``flops_16bit``, named like the
-other entries').  The figures are cached per machine in ``~/.cache/wafervox/local-cpu.json``.
+Micro-measurements, none of them a decode step: the read bandwidth of one thread
+(``read_bw``); the rate at which the layer's matrix-vector kernels stream Q4_1 weights from
+memory (``gemv_bw``) and a vocabulary-sized Q8_0 output head (``head_bw``); the cost of one
+parallel and one serial kernel call on a tiny input (``call_overhead_s``, ``serial_call_s``);
+and ``matmat``'s FLOP rate for prefill (``flops_16bit``, named like the other entries').  The
+figures are cached per machine in ``~/.cache/wafervox/local-cpu.json``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 from .specs import Hardware, hardware_from_dict
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "wafervox" / "local-cpu.json"
-_FORMAT = 3
+_FORMAT = 4
 
 
 def _machine_key() -> str:
@@ -125,7 +125,11 @@ def measure(ring_bytes: float = 128e6, d: int = 576, kv: int = 192, ff: int = 15
     mo = np.zeros((64, big.shape[0]), np.float32)
     matmat(q4, big, xs, mo)
     flops = 2 * 64 * big.shape[0] * cols / _median_time(lambda: matmat(q4, big, xs, mo), 5)
-    return {"gemv_bw": gemv_bw, "head_bw": head_bw, "call_overhead_s": call, "serial_call_s": serial, "flops_16bit": flops}
+    big_read = np.ones(int(ring_bytes // 4), np.float32)
+    big_read.sum()
+    read_bw = big_read.nbytes / _median_time(big_read.sum, 5)
+    return {"read_bw": read_bw, "gemv_bw": gemv_bw, "head_bw": head_bw, "call_overhead_s": call, "serial_call_s": serial,
+            "flops_16bit": flops}
 
 
 def _memory_bytes() -> float:
@@ -162,6 +166,7 @@ def from_figures(figures: dict[str, float], when: str | None = None, machine: st
     machine = machine or _machine_key().split("|")[0]
     src = f"measured on this machine ({machine}) on {when or date.today().isoformat()} with the decode kernels"
     params = {
+        "read_bw": {"value": figures["read_bw"], "source": src + ": one thread summing 128 MB of float32 (NumPy)"},
         "gemv_bw": {"value": figures["gemv_bw"], "source": src + ": Q4_1 matvec/matvec3 as a layer calls them, 128 MB ring"},
         "head_bw": {"value": figures["head_bw"], "source": src + ": Q8_0 matvec of a 49152-row head"},
         "call_overhead_s": {"value": figures["call_overhead_s"], "source": src + ": one parallel kernel call"},
