@@ -89,13 +89,14 @@ def _gb(b: float) -> str:
     return f"{b / 1e9:.2f}" if b >= 1e7 else f"{b / 1e9:.4f}"
 
 
-def _scaling_points(dep, lo: int, n_max: int):
+def _scaling_points(dep, counts):
+    """(units, per-user tok/s, aggregate tok/s with one sequence per pipeline stage) for each count that fits."""
     from dataclasses import replace
 
     from wafer.placement import PlacementError
 
     pts = []
-    for u in sorted({lo, *range(lo, n_max + 1, max(1, (n_max - lo) // 8 or 1)), n_max}):
+    for u in counts:
         try:
             _, c = replace(dep, units=u).build()
         except (PlacementError, ValueError):
@@ -143,12 +144,13 @@ def _one(args) -> int:
     t_tok = cost.token_time()
     thr = cost.throughput(args.sequences)
     spec = _spec_rate(args, dep)
-    proj = project_turn(cost, dep.name, tok_s=spec)
     ttft = cost.ttft(args.prompt_tokens)
     hw = dep.hardware
     unit = "GPU" if hw.kind == "gpu" else ("stage" if hw.kind == "cpu" else "wafer")
+    name = f"{dep.model.name}@{hw.name}x{placement.n_units * getattr(cost, 'tp', 1)}"
+    proj = project_turn(cost, name, tok_s=spec)
     out = {
-        "deployment": dep.name, "model": dep.model.name, "hardware": hw.name,
+        "deployment": name, "model": dep.model.name, "hardware": hw.name,
         "units": placement.n_units * getattr(cost, "tp", 1), "pipeline_stages": placement.n_units,
         "tensor_parallel": getattr(cost, "tp", 1), "bytes_per_param": dep.bytes_per_param,
         "placement": placement.to_dict()["stages"], "token_ms": t_tok * 1e3, "per_user_tok_s": 1 / t_tok,
@@ -163,10 +165,15 @@ def _one(args) -> int:
     if args.plot:
         tl = simulate(cost, sequences=max(1, min(args.sequences, 8)), tokens=3)
         lo = placement.n_units
-        pts = _scaling_points(dep, lo, max(lo * 2, lo + 4) if hw.kind != "gpu" else lo * 4)
+        if hw.kind == "gpu":  # GPU counts: tensor parallel within a node, then whole nodes as pipeline stages
+            node = int(hw["node_gpus"])
+            counts = [g for g in (1, 2, 4, 8, 2 * node, 4 * node, 8 * node) if g <= 8 * node]
+        else:
+            counts = sorted({*range(lo, 2 * lo + 5, max(1, lo // 4))})
+        pts = _scaling_points(dep, counts)
         from wafer.plot import sim_figure
 
-        sim_figure(tl, f"{dep.name}: 3 tokens x {max(1, min(args.sequences, 8))} sequence(s), stages and hops",
+        sim_figure(tl, f"{name}: 3 tokens x {max(1, min(args.sequences, 8))} sequence(s), stages and hops",
                    pts, f"{dep.model.name} on {hw.name}: tokens/s vs {unit}s", args.plot)
         out["plot"] = args.plot
     if args.json:
