@@ -372,11 +372,11 @@ def test_emulated_llm_paces_and_projects(generator):
 
     dep = Deployment.parse("llama-3.1-70b@h100x4")
     _, cost = dep.build()
-    slow = replace(cost.placement.hardware.params["memory_bw"], value=1e10)  # 100x slower HBM
+    slow = replace(cost.placement.hardware.params["memory_bw"], value=2e11)  # 17x slower HBM
     hw = replace(cost.placement.hardware, params={**cost.placement.hardware.params, "memory_bw": slow})
     dep = replace(dep, hardware=hw)
     _, cost = dep.build()
-    assert cost.token_time() > 0.5
+    assert 0.15 < cost.token_time() < 0.5
     llm = EmulatedLLM(LLMConversation(generator.fork(), max_tokens=3), dep, cost)
     import time
 
@@ -385,7 +385,7 @@ def test_emulated_llm_paces_and_projects(generator):
     took = time.perf_counter() - t0
     assert text and took > 2 * cost.token_time() * 0.9  # three tokens, each held back to the target's step
     call = llm.calls[-1]
-    assert call.held_s > 1.0 and call.new_tokens > 0
+    assert call.held_s > 0.3 and call.new_tokens > 0
     tr = TurnTrace(turn=1, budget_ms=500)
     for name, t in (("last_voiced", 1.0), ("endpoint", 1.4), ("transcript", 1.3), ("first_phrase", 1.5),
                     ("tts_first_audio", 1.56), ("answer_audio", 1.56)):

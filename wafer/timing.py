@@ -57,9 +57,13 @@ class CostModel:
     # -- derived ----------------------------------------------------------------------------------
 
     def stage_time(self, stage: int, tokens: int = _ONE) -> float:
-        s = self.placement.stages[stage]
-        t = sum(self.layer_time(i, tokens) + self.collective_time(i) for i in s.layers)
-        return t + (self.head_time() if s.has_head else 0.0)
+        memo = self.__dict__.setdefault("_stage_memo", {})  # the simulation asks for the same ones over and over
+        key = (stage, tokens)
+        if key not in memo:
+            s = self.placement.stages[stage]
+            t = sum(self.layer_time(i, tokens) + self.collective_time(i) for i in s.layers)
+            memo[key] = t + (self.head_time() if s.has_head else 0.0)
+        return memo[key]
 
     def token_time(self) -> float:
         """Latency of one decode step for one sequence."""
