@@ -80,9 +80,12 @@ def _spec_rate(args, dep) -> float | None:
 
     try:
         draft, k, acc = args.speculative.split(":")
-        return speculative(dep, draft, int(k), float(acc))
-    except ValueError as e:
-        raise CLIError(f"--speculative {args.speculative}: {e if 'acceptance' in str(e) else 'expected DRAFT:K:ACCEPT'}") from None
+        k, acc = int(k), float(acc)
+    except ValueError:
+        raise CLIError(f"--speculative {args.speculative}: expected DRAFT:K:ACCEPT, e.g. llama-3.1-8b:4:0.7") from None
+    if k < 1 or not 0 <= acc < 1:
+        raise CLIError(f"--speculative {args.speculative}: K must be >= 1 and ACCEPT in [0, 1)")
+    return speculative(dep, draft, k, acc)  # an unknown draft model is reported by the catalogue
 
 
 def _gb(b: float) -> str:

@@ -205,14 +205,15 @@ def _read(path) -> dict:
         raise CatalogueError(f"{path}: not valid TOML: {e}") from None
 
 
-def _lookup(kind: str, name: str) -> dict:
+def _lookup(kind: str, name: str, also: tuple[str, ...] = ()) -> dict:
     key = name.strip().lower()
     entries = _entries(kind)
     for stem, path in sorted(entries.items()):
         d = _read(path)
         if key == stem or key in [a.lower() for a in d.get("aliases", [])]:
             return d
-    raise CatalogueError(f"unknown {kind[:-1] if kind.endswith('s') else kind} '{name}' (known: {', '.join(sorted(entries))})")
+    known = ", ".join(sorted([*entries, *also]))
+    raise CatalogueError(f"unknown {kind[:-1] if kind.endswith('s') else kind} '{name}' (known: {known})")
 
 
 def hardware_names() -> list[str]:
@@ -254,7 +255,7 @@ def load_hardware(name: str) -> Hardware:
         from .localcpu import local_cpu
 
         return local_cpu()
-    return hardware_from_dict(_lookup("hardware", name))
+    return hardware_from_dict(_lookup("hardware", name, ("local-cpu",)))
 
 
 _SHAPE_FIELDS = {f for f in ModelShape.__dataclass_fields__ if f not in ("file_bytes", "aliases")}
@@ -264,7 +265,7 @@ def load_model(name: str, gguf: str | Path | None = None) -> ModelShape:
     """A catalogued model shape by name or alias; ``smollm2-135m`` (or ``gguf=``) is read from a GGUF file."""
     if gguf is not None or name.strip().lower() in ("smollm2-135m", "smollm2", "local"):
         return shape_from_gguf(gguf)
-    d = _lookup("models", name)
+    d = _lookup("models", name, ("smollm2-135m",))
     unknown = set(d) - _SHAPE_FIELDS - {"aliases"}
     if unknown:
         raise CatalogueError(f"model entry {d.get('name')}: unknown fields {', '.join(sorted(unknown))}")
