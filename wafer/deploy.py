@@ -17,6 +17,10 @@ from .placement import Placement, place
 from .specs import CatalogueError, Hardware, ModelShape, load_hardware, load_model
 from .timing import CostModel, GPUCost, cost_model, place_gpus, speculative_tok_s
 
+#: KV tokens a decode step reads on a GPU: a voice conversation's typical length so far (the
+#: placement still reserves ``context`` tokens of KV per sequence).
+CONTEXT_IN_USE = 1024
+
 _SPEC = re.compile(r"^\s*([A-Za-z0-9._-]+)\s*@\s*([A-Za-z0-9._-]+?)(?:\s*[x×]\s*(\d+|auto))?(?:\s*:\s*(4|8|16)-?bits?)?\s*$")
 
 
@@ -57,7 +61,7 @@ class Deployment:
         if self.hardware.kind == "gpu":
             p, tp = place_gpus(self.model, self.hardware, self.units, context=self.context, sequences=max(self.sequences, self.batch),
                                bytes_per_param=self.bytes_per_param or 2.0)
-            return p, GPUCost(p, tp, self.batch, context_used=min(self.context, 1024))
+            return p, GPUCost(p, tp, self.batch, context_used=min(self.context, CONTEXT_IN_USE))
         p = place(self.model, self.hardware, self.units, context=self.context, sequences=self.sequences,
                   bytes_per_param=self.bytes_per_param)
         return p, cost_model(p)
