@@ -155,12 +155,13 @@ def cmd_run(args) -> int:
     if args.emulate:
         from wafer.deploy import Deployment
 
-        Deployment.parse(args.emulate).build()  # a bad deployment is reported before the engines load
+        dep = Deployment.parse(args.emulate)
+        _, cost = dep.build()  # a bad deployment is reported before the engines load
     engines = _engines(args, console)
     if args.emulate:
         from wafer.emulate import emulate
 
-        engines, dep, cost = emulate(engines, args.emulate, pace=not args.no_pace)
+        engines = emulate(engines, dep, cost, pace=not args.no_pace)
         emulated = engines.llm
         console.print(f"emulating {dep.name}: {1 / cost.token_time():,.0f} tok/s per user, "
                       f"{'paced where slower than this machine' if not args.no_pace else 'not paced'}")

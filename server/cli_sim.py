@@ -273,18 +273,11 @@ def _compare(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from wafer.deploy import Deployment, project_turn, speculative
-    from wafer.validate import SEEDS_STANDARD, SEEDS_WAFER
+    from wafer.deploy import project_turn, speculative
+    from wafer.validate import seeds_cases
 
     model = args.model or "frontier-moe"
-    s, w = dict(SEEDS_STANDARD), dict(SEEDS_WAFER)
-    cases = [
-        ("GPU, standard serving", Deployment.parse(f"{model}@h200x8", bytes_per_param=s["bytes_per_param"], batch=s["batch"]), None),
-        ("GPU, batch 1", Deployment.parse(f"{model}@h200x8", bytes_per_param=s["bytes_per_param"]), None),
-        ("wafer pipeline", Deployment.parse(f"{model}@wse3", bytes_per_param=w["bytes_per_param"]), None),
-        ("wafer pipeline + speculation", Deployment.parse(f"{model}@wse3", bytes_per_param=w["bytes_per_param"]),
-         (w["draft"], w["k"], w["accept"])),
-    ]
+    cases = seeds_cases(model)
     rows = []
     for label, dep, spec in cases:
         p, cost = dep.build()

@@ -325,7 +325,9 @@ def test_cli_sim_json_and_plot(tmp_path):
     d = json.loads(out.stdout)
     assert d["units"] == 4 and len(d["placement"]) == 4
     assert d["aggregate_tok_s"] > 3 * d["per_user_tok_s"] * 0.9
-    assert d["voice_turn"]["within_budget"] in (True, False) and d["ttft_ms"] > 0
+    turn = d["voice_turn"]  # 70B on 4 CS-3: the first phrase is ready well before the endpoint
+    assert turn["within_budget"] and turn["first_phrase_ms"] < 100 and d["ttft_ms"] > 0
+    assert turn["voice_to_voice_without_speculation_ms"] > turn["voice_to_voice_ms"]
     assert (tmp_path / "sim.png").stat().st_size > 10_000
     out = wafervox("sim", "--validate", "--json")
     assert out.returncode == 0, out.stdout

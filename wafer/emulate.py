@@ -87,10 +87,8 @@ class EmulatedLLM:
         }
 
 
-def emulate(engines, spec: str, pace: bool = True):
-    """``engines`` with the LLM stage emulating deployment ``spec`` (e.g. ``llama-3.1-70b@cs3x4``)."""
+def emulate(engines, deployment: Deployment, cost: CostModel, pace: bool = True):
+    """``engines`` with the LLM stage emulating ``deployment`` (built as ``cost``)."""
     from dataclasses import replace
 
-    dep = Deployment.parse(spec)
-    _, cost = dep.build()
-    return replace(engines, llm=EmulatedLLM(engines.llm, dep, cost, pace)), dep, cost
+    return replace(engines, llm=EmulatedLLM(engines.llm, deployment, cost, pace))

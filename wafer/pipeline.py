@@ -41,12 +41,10 @@ class _Seq:
     sampler: Sampler
     k_cache: np.ndarray
     v_cache: np.ndarray
-    history: list[int]
     out: list[int] = field(default_factory=list)
     finish: str = ""
     steps: int = 0  # decode steps started (the first token comes from the prompt's pass)
     first_token_s: float = 0.0  # simulated time of its first token
-    done_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -105,7 +103,7 @@ class _Stage:
         if not item.last_chunk:
             return -1
         logits = m.head(s, x[-1:])
-        return item.seq.sampler(logits, item.seq.history)
+        return item.seq.sampler(logits, item.seq.prompt + item.seq.out)  # the history Generator samples with
 
 
 @dataclass
@@ -118,7 +116,6 @@ class PipelineRun:
     wall_s: float
     stage_busy_s: list[float]
     first_token_s: list[float]
-    decode_steps: int
     target: str
 
     @property
@@ -251,7 +248,7 @@ class WaferPipeline:
             if n_ctx > m.n_ctx:
                 raise ValueError(f"prompt {j}: {len(p)} + {max_tokens} tokens exceed the context of {m.n_ctx}")
             kv = (m.config.n_layers, n_ctx, m.config.kv_dim)
-            seqs.append(_Seq(j, p, max_tokens, Sampler(sampling), np.zeros(kv, np.float32), np.zeros(kv, np.float32), list(p)))
+            seqs.append(_Seq(j, p, max_tokens, Sampler(sampling), np.zeros(kv, np.float32), np.zeros(kv, np.float32)))
 
         def entries():
             for sq in seqs:  # each prompt enters in chunks, as decode.Model.forward splits it
@@ -261,7 +258,6 @@ class WaferPipeline:
                     yield _Item(sq, c - len(starts), c0, np.asarray(p[c0:c0 + chunk], np.int64), c == len(starts) - 1)
 
         x_of: dict[tuple[int, int], Future] = {}  # (sequence, step) -> result of the stage it has just left
-        steps = 0
 
         def on_start(k: int, item: _Item) -> Future:
             key = (item.seq.index, item.token)
@@ -270,13 +266,9 @@ class WaferPipeline:
             return fut
 
         def on_done(item: _Item, fut: Future, now: float) -> list[_Item]:
-            nonlocal steps
             x_of.pop((item.seq.index, item.token))
             tok = fut.result()  # raises here if any stage of this pass failed
-            if not item.last_chunk:
-                return []
-            steps += item.token >= 0
-            return self._next_token(item.seq, tok, now)
+            return self._next_token(item.seq, tok, now) if item.last_chunk else []
 
         wall0 = time.perf_counter()
         try:
@@ -284,7 +276,7 @@ class WaferPipeline:
         finally:
             wall = time.perf_counter() - wall0
         return PipelineRun([s.out for s in seqs], [s.finish for s in seqs], tl, wall,
-                           [st.busy_s for st in self.stages], [s.first_token_s for s in seqs], steps,
+                           [st.busy_s for st in self.stages], [s.first_token_s for s in seqs],
                            f"{self.placement.model.name} on {len(self.stages)} x {self.placement.hardware.name}")
 
     def _next_token(self, sq: _Seq, tok: int, now: float) -> list[_Item]:
@@ -292,16 +284,15 @@ class WaferPipeline:
         if sq.steps == 0:
             sq.first_token_s = now
         if tok in self.stop_ids:
-            sq.finish, sq.done_s = "stop", now
+            sq.finish = "stop"
             return []
         sq.out.append(tok)
-        sq.history.append(tok)
         if len(sq.out) >= sq.max_tokens:
-            sq.finish, sq.done_s = "length", now
+            sq.finish = "length"
             return []
         pos = len(sq.prompt) + len(sq.out) - 1
         if pos + 1 > sq.k_cache.shape[1]:
-            sq.finish, sq.done_s = "context_full", now
+            sq.finish = "context_full"
             return []
         sq.steps += 1
         return [_Item(sq, sq.steps - 1, pos, np.asarray([tok], np.int64), True)]

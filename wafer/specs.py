@@ -9,6 +9,8 @@ assumptions can be overridden by name (``Hardware.with_overrides``).
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -119,22 +121,29 @@ class ModelShape:
         kv = self.n_kv_heads * self.head_dim
         return self.d_model * (2 * q + 2 * kv)
 
-    def _expert(self) -> float:
-        return self.mlp_matrices * self.d_model * self.expert_d_ff
+    def _layer(self, i: int, routed: float) -> float:
+        """Parameters of layer ``i`` counting ``routed`` of its routed experts (dense layers have none)."""
+        base = self._attn() + 2 * self.d_model
+        if not self.is_moe or i < self.n_dense_layers:
+            return base + self.mlp_matrices * self.d_model * self.d_ff
+        expert = self.mlp_matrices * self.d_model * self.expert_d_ff
+        return base + (routed + self.n_shared_experts) * expert + self.d_model * self.n_experts
 
     def layer_params(self, i: int) -> float:
         """Parameters of layer ``i`` (all experts)."""
-        dense = self._attn() + 2 * self.d_model
-        if not self.is_moe or i < self.n_dense_layers:
-            return dense + self.mlp_matrices * self.d_model * self.d_ff
-        return dense + (self.n_experts + self.n_shared_experts) * self._expert() + self.d_model * self.n_experts
+        return self._layer(i, self.n_experts)
 
     def layer_active_params(self, i: int) -> float:
         """Parameters a single token reads in layer ``i`` (its routed experts only)."""
-        if not self.is_moe or i < self.n_dense_layers:
+        return self._layer(i, self.experts_per_token)
+
+    def layer_batch_params(self, i: int, batch: int) -> float:
+        """Parameters a step of ``batch`` sequences reads in layer ``i``: the union of the experts
+        they are routed to (uniform routing), every expert at most once."""
+        if not self.is_moe:
             return self.layer_params(i)
-        return (self._attn() + 2 * self.d_model + (self.experts_per_token + self.n_shared_experts) * self._expert()
-                + self.d_model * self.n_experts)
+        touched = self.n_experts * (1 - (1 - self.experts_per_token / self.n_experts) ** batch)
+        return self._layer(i, max(touched, self.experts_per_token))
 
     @property
     def embed_params(self) -> float:
@@ -205,13 +214,18 @@ def _read(path) -> dict:
         raise CatalogueError(f"{path}: not valid TOML: {e}") from None
 
 
+@functools.cache
+def _catalogue(kind: str) -> dict[str, dict]:
+    """Every entry of ``kind``, read once per process: ``{file stem: parsed TOML}``."""
+    return {stem: _read(path) for stem, path in sorted(_entries(kind).items())}
+
+
 def _lookup(kind: str, name: str, also: tuple[str, ...] = ()) -> dict:
     key = name.strip().lower()
-    entries = _entries(kind)
-    for stem, path in sorted(entries.items()):
-        d = _read(path)
+    entries = _catalogue(kind)
+    for stem, d in entries.items():
         if key == stem or key in [a.lower() for a in d.get("aliases", [])]:
-            return d
+            return copy.deepcopy(d)  # callers build from it; the cached copy stays as read
     known = ", ".join(sorted([*entries, *also]))
     raise CatalogueError(f"unknown {kind[:-1] if kind.endswith('s') else kind} '{name}' (known: {known})")
 

@@ -142,13 +142,6 @@ class WaferCost(CostModel):
 
 # -- GPUs -----------------------------------------------------------------------------------------
 
-def expected_experts(n_experts: int, per_token: int, batch: int) -> float:
-    """Distinct routed experts a batch touches in one layer (uniform routing)."""
-    if n_experts == 0:
-        return 0.0
-    return n_experts * (1 - (1 - per_token / n_experts) ** batch)
-
-
 class GPUCost(CostModel):
     """``gpus`` GPUs as ``pp`` pipeline stages of ``tp`` tensor-parallel GPUs (tp within one node),
     serving ``batch`` sequences per step (1 = the latency case)."""
@@ -162,13 +155,9 @@ class GPUCost(CostModel):
 
     def _layer_read_bytes(self, i: int) -> float:
         m, bpp = self.placement.model, self.placement.bytes_per_param
-        full, active = m.layer_bytes(i, bpp), m.layer_active_bytes(i, bpp)
-        if m.is_moe and i >= m.n_dense_layers and self.batch > 1:
-            per_expert = m._expert() * (bpp or 1)
-            touched = expected_experts(m.n_experts, m.experts_per_token, self.batch)
-            active += (touched - m.experts_per_token) * per_expert
-            active = min(active, full)
-        return active
+        if bpp is None:  # the sizes stored in a model file (a dense model)
+            return m.layer_active_bytes(i, bpp)
+        return m.layer_batch_params(i, self.batch) * bpp
 
     def layer_time(self, layer: int, tokens: int = _ONE) -> float:
         m, hw = self.placement.model, self.placement.hardware

@@ -50,19 +50,26 @@ def _ms(spec: str, **kw) -> float:
     return cost.token_time() * 1e3
 
 
-#: the seeds' flagship comparison: standard serving batches many users per GPU step; the wafer
-#: pipeline serves one sequence per step at 8-bit with a speculative draft
-SEEDS_STANDARD = dict(spec="frontier-moe@h200x8", bytes_per_param=1.0, batch=64)
-SEEDS_WAFER = dict(spec="frontier-moe@wse3", bytes_per_param=1.0, draft="llama-3.1-8b", k=4, accept=0.7)
+#: the draft model, tokens per draft and acceptance rate assumed for speculative decoding on wafers
+SEEDS_DRAFT = ("llama-3.1-8b", 4, 0.7)
+
+
+def seeds_cases(model: str = "frontier-moe") -> list[tuple[str, Deployment, tuple | None]]:
+    """The seeds' flagship comparison at 8-bit: standard serving batches 64 users per GPU step; the
+    wafer pipeline serves one sequence per step, alone and with a speculative draft.
+    (label, deployment, draft or None)."""
+    gpu, wafer = f"{model}@h200x8:8bit", f"{model}@wse3:8bit"
+    return [("GPU, standard serving", Deployment.parse(gpu, batch=64), None),
+            ("GPU, batch 1", Deployment.parse(gpu), None),
+            ("wafer pipeline", Deployment.parse(wafer), None),
+            ("wafer pipeline + speculation", Deployment.parse(wafer), SEEDS_DRAFT)]
 
 
 def seeds_rates() -> tuple[float, float]:
-    """(standard GPU serving, wafer pipeline) per-user tokens/s for the frontier-class model."""
-    s = dict(SEEDS_STANDARD)
-    std = _tok_s(s.pop("spec"), **s)
-    w = dict(SEEDS_WAFER)
-    dep = Deployment.parse(w.pop("spec"), bytes_per_param=w.pop("bytes_per_param"))
-    return std, speculative(dep, w["draft"], w["k"], w["accept"])
+    """(standard GPU serving, wafer pipeline with speculation) per-user tokens/s for the frontier-class model."""
+    cases = seeds_cases()
+    std = 1 / cases[0][1].build()[1].token_time()
+    return std, speculative(cases[3][1], *cases[3][2])
 
 
 def table() -> list[Row]:
