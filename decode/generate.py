@@ -47,6 +47,18 @@ class GenerationStats:
         return n / (self.prefill_ms / 1000) if self.prefill_ms > 0 else 0.0
 
 
+def end_reason(generated: int, max_tokens: int, in_context: int, n_ctx: int) -> str | None:
+    """Why generation ends after a kept token (None: it goes on): ``max_tokens`` are out
+    ("length"), or the sequence's ``in_context`` tokens (prompt and earlier output, before the
+    new token is fed back) leave no room for it ("context_full").  A stop token is checked
+    before, and never kept."""
+    if generated >= max_tokens:
+        return "length"
+    if in_context >= n_ctx:
+        return "context_full"
+    return None
+
+
 def common_prefix(a, b) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -131,7 +143,7 @@ class Generator:
 
         out: list[int] = []
         pieces: list[str] = []
-        finish = "length"
+        finish = "length"  # max_tokens < 1 generates nothing
         first_ms = 0.0
         t1 = t0
         steps = 0  # single-token forward passes after the first token
@@ -147,10 +159,9 @@ class Generator:
             text = decoder.feed(tok)
             pieces.append(text)
             yield Piece(tok, text)
-            if i == max_tokens - 1:
-                break
-            if len(self.cached) >= self.n_ctx:
-                finish = "context_full"
+            end = end_reason(len(out), max_tokens, len(self.cached), self.n_ctx)
+            if end is not None:
+                finish = end
                 break
             logits = self.model.forward(self.state, [tok], len(self.cached))
             self.cached.append(tok)

@@ -211,10 +211,8 @@ class Model:
 
     # -- whole passes ------------------------------------------------------------------------
 
-    def forward(self, s: RunState, tokens, pos0: int) -> np.ndarray:
-        """Feed ``tokens`` at positions ``pos0 ...`` (prefill in chunks of ``PREFILL_CHUNK``,
-        or one decode step); return the logits after the last one (a view, overwritten
-        by the next call)."""
+    def check_tokens(self, tokens, pos0: int) -> np.ndarray:
+        """``tokens`` as int64 ids, checked against the vocabulary and the context from ``pos0``."""
         tokens = np.asarray(tokens, dtype=np.int64)
         n = tokens.shape[0]
         if n == 0:
@@ -226,6 +224,14 @@ class Model:
             )
         if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
             raise ValueError(f"token id out of range 0..{self.config.vocab_size - 1}")
+        return tokens
+
+    def forward(self, s: RunState, tokens, pos0: int) -> np.ndarray:
+        """Feed ``tokens`` at positions ``pos0 ...`` (prefill in chunks of ``PREFILL_CHUNK``,
+        or one decode step); return the logits after the last one (a view, overwritten
+        by the next call)."""
+        tokens = self.check_tokens(tokens, pos0)
+        n = tokens.shape[0]
         for c0 in range(0, n, s.chunk):
             chunk = tokens[c0:c0 + s.chunk]
             x = s.x[:chunk.shape[0]]

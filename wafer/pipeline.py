@@ -25,6 +25,7 @@ from queue import SimpleQueue
 
 import numpy as np
 
+from decode.generate import end_reason
 from decode.model import PREFILL_CHUNK, Model, RunState
 from decode.sampling import GREEDY, Sampler, SamplingParams
 
@@ -287,12 +288,10 @@ class WaferPipeline:
             sq.finish = "stop"
             return []
         sq.out.append(tok)
-        if len(sq.out) >= sq.max_tokens:
-            sq.finish = "length"
-            return []
-        pos = len(sq.prompt) + len(sq.out) - 1
-        if pos + 1 > sq.k_cache.shape[1]:
-            sq.finish = "context_full"
+        pos = len(sq.prompt) + len(sq.out) - 1  # where the new token goes
+        end = end_reason(len(sq.out), sq.max_tokens, pos, sq.k_cache.shape[1])
+        if end is not None:
+            sq.finish = end
             return []
         sq.steps += 1
         return [_Item(sq, sq.steps - 1, pos, np.asarray([tok], np.int64), True)]

@@ -60,7 +60,7 @@ def seeds_cases(model: str = "frontier-moe") -> list[tuple[str, Deployment, tupl
     (label, deployment, draft or None)."""
     gpu, wafer = f"{model}@h200x8:8bit", f"{model}@wse3:8bit"
     return [("GPU, standard serving", Deployment.parse(gpu, batch=64), None),
-            ("GPU, batch 1", Deployment.parse(gpu), None),
+            ("GPU, batch 1", Deployment.parse(gpu, batch=1), None),
             ("wafer pipeline", Deployment.parse(wafer), None),
             ("wafer pipeline + speculation", Deployment.parse(wafer), SEEDS_DRAFT)]
 

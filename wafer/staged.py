@@ -1,0 +1,141 @@
+"""The staged model: a built ``decode.Model`` deployed onto simulated units, with the same interface.
+
+``stage(model, deployment)`` returns a ``StagedModel``, the way gpt-fast's ``apply_tp(model)``
+turns a model into a tensor-parallel one and leaves ``generate.py`` alone: ``decode.Generator``
+and the voice loop call ``new_state``, ``forward`` and ``head`` as on the plain model and never
+know.  Inside, a forward pass runs the placement's layer ranges as stages, in order, on the
+calling thread (the one compute thread: no extra threads), through the same event-driven
+``schedule`` that ``WaferPipeline`` and ``simulate()`` use.  Each stage advances the sequence's
+simulated clock by the deployment's cost model (its layers, the hop to the next unit, the head
+on the last unit); a prompt chunk is timed as the chunk it is, a decode step as one token.  The
+numbers the kernels compute are those of the plain model, so the tokens are identical.
+
+When the deployment's model is another one than the model that runs here (``llama-3.1-70b`` on 4
+CS-3, say), the local layers are spread over the deployment's stages in proportion, and the
+clock follows the deployment's own layers: the answer is this model's, its timing the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from decode.model import Model, RunState
+
+from .clock import Timeline
+from .deploy import Deployment
+from .pipeline import schedule
+from .placement import Placement
+from .timing import CostModel
+
+
+@dataclass(slots=True)
+class SimClock:
+    """The simulated time one sequence has spent on the deployment, and what it was spent on."""
+
+    deployment: str
+    now_s: float = 0.0
+    passes: int = 0  # forward calls
+    tokens: int = 0  # tokens pushed through the layers
+    last: Timeline | None = field(default=None, repr=False)  # the last forward's stages and hops
+
+
+class StagedState(RunState):
+    """A ``RunState`` with the sequence's simulated clock."""
+
+    def __init__(self, cfg, n_ctx: int, deployment: str):
+        super().__init__(cfg, n_ctx)
+        self.sim = SimClock(deployment)
+
+
+@dataclass(frozen=True, slots=True)
+class _Seq:
+    index: int = 0
+
+
+_SEQ = _Seq()
+
+
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """One chunk of a forward call on its way through the stages (what ``schedule`` moves)."""
+
+    seq: _Seq
+    token: int  # the chunk's index in its call
+    ids: np.ndarray  # the chunk's token ids
+    pos0: int
+    x: np.ndarray  # its hidden states: each chunk in flight has its own
+    last: bool  # the chunk whose last hidden state gives the logits
+
+
+def local_ranges(placement: Placement, n_layers: int) -> tuple[range, ...]:
+    """The layers of a ``n_layers``-layer model that each of the placement's stages runs: the
+    placement's own ranges when the model is the placed one, else spread in proportion."""
+    total = placement.model.n_layers
+    return tuple(range(round(s.first * n_layers / total), round(s.stop * n_layers / total)) for s in placement.stages)
+
+
+class StagedModel:
+    """``model`` run as ``placement``'s stages, timed by ``cost``; ``decode.Model``'s interface."""
+
+    def __init__(self, model: Model, placement: Placement, cost: CostModel, name: str):
+        self.inner = model
+        self.placement, self.cost, self.deployment = placement, cost, name
+        # what Generator and the tokenizer read from a model
+        self.file, self.config, self.weights, self.n_ctx = model.file, model.config, model.weights, model.n_ctx
+        self.ranges = local_ranges(placement, model.config.n_layers)
+        self._n = placement.n_units
+
+    def new_state(self) -> StagedState:
+        """Scratch buffers, an empty KV cache and a simulated clock at 0 for one sequence."""
+        return StagedState(self.config, self.n_ctx, self.deployment)
+
+    def token_s(self) -> float:
+        """The deployment's time for one decode step of one sequence."""
+        return self.cost.token_time()
+
+    # -- the plain model's parts, unchanged ------------------------------------------------------
+
+    def embed(self, tokens: np.ndarray, x: np.ndarray) -> None:
+        self.inner.embed(tokens, x)
+
+    def layer(self, s: RunState, i: int, x: np.ndarray, pos0: int) -> None:
+        self.inner.layer(s, i, x, pos0)
+
+    def head(self, s: RunState, x_last: np.ndarray) -> np.ndarray:
+        return self.inner.head(s, x_last)
+
+    # -- a forward pass through the stages ---------------------------------------------------------
+
+    def forward(self, s: StagedState, tokens, pos0: int) -> np.ndarray:
+        """``decode.Model.forward``: the same logits, with ``s.sim`` advanced by the deployment's time."""
+        tokens = self.inner.check_tokens(tokens, pos0)
+        m, n = self.inner, tokens.shape[0]
+        starts = range(0, n, s.chunk)
+        passes = [_Pass(_SEQ, c, tokens[c0:c0 + s.chunk], pos0 + c0,
+                        s.x[:min(n, s.chunk)] if len(starts) == 1 else np.zeros((min(s.chunk, n - c0), m.config.d_model), np.float32),
+                        c == len(starts) - 1)
+                  for c, c0 in enumerate(starts)]
+        out: list[np.ndarray] = []
+
+        def on_start(k: int, p: _Pass) -> None:
+            if k == 0:
+                m.embed(p.ids, p.x)
+            for i in self.ranges[k]:
+                m.layer(s, i, p.x, p.pos0)
+            if k == self._n - 1 and p.last:
+                out.append(m.head(s, p.x[-1:]))
+
+        tl = schedule(self.cost, self._n, passes, on_start, lambda p, handle, now: [])
+        s.sim.now_s += tl.makespan
+        s.sim.passes += 1
+        s.sim.tokens += n
+        s.sim.last = tl
+        return out[0]
+
+
+def stage(model: Model, deployment: Deployment) -> StagedModel:
+    """``model`` deployed as ``deployment`` says (raises ``PlacementError`` when it cannot fit)."""
+    placement, cost = deployment.build()
+    return StagedModel(model, placement, cost, deployment.label(placement, cost))
