@@ -29,7 +29,7 @@ from websockets.http11 import Request, Response
 from voice.loop import LoopConfig
 
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import IdSource, ProtocolError
+from .realtime import IdSource, ProtocolError
 from .session import Limits, RealtimeSession
 
 log = logging.getLogger("wafervox.server")
@@ -128,8 +128,7 @@ class VoiceServer:
         self.opts = options or ServerOptions()
         self.metrics = metrics or Metrics()
         self.ids = _Ids()
-        self.sessions: set[RealtimeSession] = set()
-        self._conns: dict[ServerConnection, RealtimeSession] = {}
+        self._conns: dict[ServerConnection, RealtimeSession] = {}  # the open sessions, by their connection
         self._n = 0
         self.port: int | None = None
         self._server = None
@@ -142,7 +141,7 @@ class VoiceServer:
         if path in WS_PATHS:
             return self._check_ws(conn, request, parse_qs(url.query))
         if path == "/healthz":
-            body = {"status": "ok", "sessions": len(self.sessions), "max_sessions": self.opts.limits.max_sessions}
+            body = {"status": "ok", "sessions": len(self._conns), "max_sessions": self.opts.limits.max_sessions}
             return _response(HTTPStatus.OK, json.dumps(body).encode(), "application/json")
         if path == "/metrics":
             return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE)
@@ -188,19 +187,18 @@ class VoiceServer:
     async def _handle(self, ws: ServerConnection) -> None:
         path = urlsplit(ws.request.path).path
         limits = self.opts.limits
-        if len(self.sessions) >= limits.max_sessions:
+        if len(self._conns) >= limits.max_sessions:
             self.metrics.rejected.labels("full").inc()
-            await ws.close(1013, f"server full: {len(self.sessions)} of {limits.max_sessions} sessions in use; try again later")
+            await ws.close(1013, f"server full: {len(self._conns)} of {limits.max_sessions} sessions in use; try again later")
             return
         self._n += 1
         out = _Outbox(ws, asyncio.get_running_loop(), limits.max_output_bytes, self.metrics)
         session = RealtimeSession(self.shared, out.emit, native=path == "/v1/stream", limits=limits, ids=self.ids,
                                   loop_config=self.opts.loop_config, metrics=self.metrics, close=out.close, name=f"session-{self._n}")
         out.session = session
-        self.sessions.add(session)
         self._conns[ws] = session
         self.metrics.sessions.inc()
-        self.metrics.active.set(len(self.sessions))
+        self.metrics.active.set(len(self._conns))
         log.info("%s opened (%s) from %s", session.name, path, ws.remote_address)
         session.start()
         sender = asyncio.create_task(out.run())
@@ -214,9 +212,8 @@ class VoiceServer:
             session.stop()
             idle.cancel()
             sender.cancel()
-            self.sessions.discard(session)
             self._conns.pop(ws, None)
-            self.metrics.active.set(len(self.sessions))
+            self.metrics.active.set(len(self._conns))
             await asyncio.to_thread(session.thread.join, 10)
             log.info("%s closed (%s %s): %s", session.name, ws.close_code, ws.close_reason or "",
                      json.dumps(session.summary() if session.loop else {}))
@@ -254,13 +251,6 @@ class VoiceServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
-
-    async def serve_forever(self, stop: asyncio.Event) -> None:
-        await self.start()
-        try:
-            await stop.wait()
-        finally:
-            await self.stop()
 
 
 def _token(headers: Headers, query: dict) -> str | None:

@@ -30,7 +30,7 @@ from voice.llm import Persona
 from voice.loop import LoopConfig, VoiceLoop
 from voice.protocols import ASR_RATE
 
-from . import protocol as P
+from . import realtime as P
 
 log = logging.getLogger("wafervox.server")
 DELTA_MS = 200  # longest output audio delta

@@ -1,4 +1,4 @@
-"""The Realtime wire codec (server/protocol.py) against the openai SDK's own types: every server event we build
+"""The Realtime wire codec (server/realtime/) against the openai SDK's own types: every server event we build
 validates with openai's pydantic model for its type (no extra fields anywhere), client events shaped by the
 SDK's param TypedDicts parse, and bad input gives one clear error without stopping the session."""
 
@@ -18,7 +18,7 @@ from openai.types.realtime.response_cancel_event_param import ResponseCancelEven
 from openai.types.realtime.response_create_event_param import ResponseCreateEventParam
 from openai.types.realtime.session_update_event_param import SessionUpdateEventParam
 
-from server import protocol as P
+from server import realtime as P
 from voice.latency import TurnTrace, summarize
 
 OPENAI_MODELS = {
@@ -53,7 +53,7 @@ def _extras(m, path="") -> list[str]:
     return out
 
 
-def validate(ev: P._ServerEvent):
+def validate(ev: P.ServerEvent):
     """Validate the JSON text we would send with openai's model for its type, strictly: no extra fields,
     the same keys back when dumped, and the RealtimeServerEvent union agrees."""
     data = json.loads(ev.to_json())
@@ -86,7 +86,7 @@ def test_every_server_event_validates_with_openai_models():
             proto.response_done(proto.response_created().response_id, None, cancelled=True), proto.truncated("item_9", 640),
             proto.session_updated(), proto.error(P.ProtocolError("invalid_audio", "bad", "evt_client", "audio"))]
     covered = {validate(ev).type for ev in evs}
-    assert covered == set(OPENAI_MODELS)
+    assert covered == set(OPENAI_MODELS) == set(P.SERVER_EVENTS) - {"turn.latency", "session.latency"}  # less our extensions
     done = validate(evs[-5])
     assert done.response.status == "cancelled" and done.response.status_details.reason == "turn_detected"
     assert done.response.output[0].content[0].transcript == "It is"
@@ -272,3 +272,25 @@ def test_events_are_frozen_and_slotted():
     assert not hasattr(ev, "__dict__")
     [cmd] = proto.receive('{"type": "input_audio_buffer.commit"}')
     assert not hasattr(cmd, "__dict__")
+
+
+def test_one_builder_checks_its_fields_against_the_table():
+    proto = P.ProtocolSession(ids=P.IdSource())
+    ev = proto.build("conversation.item.truncated", audio_end_ms=5, item_id="item_3", content_index=0)
+    assert json.loads(ev.to_json()) == {"type": "conversation.item.truncated", "event_id": "event_1", "item_id": "item_3",
+                                        "content_index": 0, "audio_end_ms": 5}  # the table's order, not the call's
+    assert list(json.loads(ev.to_json())) == ["type", "event_id", "item_id", "content_index", "audio_end_ms"]
+    assert (ev.item_id, ev.audio_end_ms) == ("item_3", 5)
+    with pytest.raises(AttributeError, match="no field 'transcript'"):
+        ev.transcript  # noqa: B018
+    with pytest.raises(AttributeError):
+        ev.response_id  # noqa: B018
+    for bad in ({"item_id": "i", "content_index": 0}, {"item_id": "i", "content_index": 0, "audio_end_ms": 1, "extra": 2}):
+        with pytest.raises(TypeError, match="conversation.item.truncated takes the fields"):
+            proto.build("conversation.item.truncated", **bad)
+    with pytest.raises(KeyError):
+        proto.build("response.audio.delta")  # a beta name is not ours to send
+    assert proto.ids("event") == "event_2"  # a rejected build spends no id
+    created = proto.response_created()
+    assert created.response_id == "resp_1" == proto.response_done(created.response_id, None).response_id
+    assert proto.audio_done(created.response_id, "item_1").response_id == "resp_1"

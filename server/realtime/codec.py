@@ -1,0 +1,300 @@
+"""The wire codec for the subset of the OpenAI Realtime API (GA event names) that ``wafervox serve`` speaks.
+
+Owns: ``ProtocolSession``, one connection's codec: parsing client JSON text into the typed client events of
+``server.realtime.events``, building server events (one generic ``build(type, **fields)`` checked against
+``SERVER_EVENTS``, and a named builder per event for the adapter) and id assignment (``event_<n>``,
+``item_<n>``, ``resp_<n>`` from an injected ``IdSource``); and the PCM16 base64 helpers.  It is sans-I/O
+(DESIGN.md principle 1): no sockets, asyncio, threads or clocks; the websocket adapter feeds it text and
+writes out the text it returns.
+
+Errors: ``ProtocolSession.receive(text)`` never raises for bad input.  Each problem becomes one
+``ProtocolError`` *in the returned list*, in place of the event it spoils (code, a message naming the
+problem and the event type, ``param``, and the client's ``event_id`` when it could be read; an oversize
+message is not parsed, so its ``event_id`` is ``None``).  The adapter answers it with
+``session.error(err)``.  Unknown fields inside a known event are ignored: the SDK may send more than we use.
+
+A valid ``session.update`` is applied on receipt (all or nothing, ``server.realtime.config``); the returned
+``SessionUpdate`` carries the new effective ``SessionConfig`` and the adapter answers with
+``session.session_updated()``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable
+from typing import ClassVar
+
+import numpy as np
+
+from .config import FieldError, SessionConfig, apply_session_update, nonneg, read
+from .events import (
+    SERVER_EVENTS,
+    ClientEvent,
+    InputAudioAppend,
+    InputAudioClear,
+    InputAudioCommit,
+    ItemCreate,
+    ItemTruncate,
+    OutputAudioPlayed,
+    ProtocolError,
+    ResponseCancel,
+    ResponseCreate,
+    ServerEvent,
+    SessionLatencyRequest,
+    SessionUpdate,
+)
+
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 20  # 1 MiB of JSON text: ~16 s of 24 kHz PCM16 in one append
+PCM_DTYPE = np.dtype("<i2")  # PCM16 little-endian, as the Realtime API sends it
+
+
+# --------------------------------------------------------------------------- ids and PCM
+
+
+class IdSource:
+    """``ids("item") -> "item_1"``: one counter per prefix, each starting at ``start``.  Injected into a
+    ``ProtocolSession`` so that tests are deterministic; share one between sessions for unique ids."""
+
+    __slots__ = ("_counts", "_start")
+
+    def __init__(self, start: int = 1) -> None:
+        self._start = start
+        self._counts: dict[str, int] = {}
+
+    def __call__(self, prefix: str) -> str:
+        n = self._counts.get(prefix, self._start)
+        self._counts[prefix] = n + 1
+        return f"{prefix}_{n}"
+
+
+def encode_pcm(samples: np.ndarray | bytes) -> str:
+    """PCM16 samples (int16 array, or raw little-endian bytes) -> base64 text."""
+    raw = samples if isinstance(samples, bytes | bytearray | memoryview) else np.asarray(samples, dtype=PCM_DTYPE).tobytes()
+    return base64.b64encode(raw).decode("ascii")
+
+
+def decode_pcm(text: str) -> np.ndarray:
+    """base64 text -> read-only int16 array.  Raises ``ValueError`` for bad base64 or an odd byte count."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"not valid base64 ({e})") from None
+    if len(raw) % 2:
+        raise ValueError(f"{len(raw)} bytes is not a whole number of PCM16 samples (odd byte count)")
+    return np.frombuffer(raw, dtype=PCM_DTYPE).astype(np.int16, copy=False)
+
+
+# --------------------------------------------------------------------------- client message bodies
+
+
+def _text_item(msg: dict, ids: Callable[[str], str], event_id: str | None) -> ItemCreate:
+    item = read(msg, "item", dict, "", required=True)
+    if read(item, "type", str, "item") not in (None, "message"):
+        raise FieldError("unsupported_item", f"item type '{item['type']}' is not supported (only 'message')", "item.type")
+    role = read(item, "role", str, "item", required=True)
+    if role != "user":
+        raise FieldError("unsupported_item", f"item role '{role}' is not supported (only 'user' text messages)", "item.role")
+    content = read(item, "content", list, "item", required=True)
+    texts = []
+    for i, part in enumerate(content):
+        where = f"item.content[{i}]"
+        if not isinstance(part, dict):
+            raise FieldError("invalid_type", f"field '{where}' must be an object", where)
+        if read(part, "type", str, where) not in (None, "input_text"):
+            raise FieldError("unsupported_content", f"content type '{part['type']}' at '{where}' is not supported (only 'input_text')",
+                             where + ".type")
+        texts.append(read(part, "text", str, where, required=True))
+    if not texts:
+        raise FieldError("invalid_value", "field 'item.content' must hold at least one input_text part", "item.content")
+    return ItemCreate(event_id=event_id, item_id=read(item, "id", str, "item") or ids("item"), text=" ".join(texts),
+                      previous_item_id=read(msg, "previous_item_id", str, ""))
+
+
+# --------------------------------------------------------------------------- the session
+
+
+class ProtocolSession:
+    """One connection's codec: ``receive(text) -> [ClientEvent | ProtocolError]`` and builders returning
+    ``ServerEvent``s (``.to_json()`` gives the text to send).  Ids come from ``ids``; the config from
+    ``session.update``.  Not thread-safe: one adapter task owns it."""
+
+    def __init__(self, config: SessionConfig | None = None, *, ids: Callable[[str], str] | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        self.config = config or SessionConfig()
+        self.ids = ids or IdSource()
+        self.max_message_bytes = max_message_bytes
+        self.last_item_id: str | None = None  # the conversation's newest item, for previous_item_id
+
+    # ---- client -> server
+
+    def receive(self, text: str | bytes) -> list[ClientEvent | ProtocolError]:
+        """Parse one websocket text message.  Never raises for bad input (see the module docstring)."""
+        if isinstance(text, bytes | bytearray):
+            size = len(text)
+        else:
+            size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        if size > self.max_message_bytes:
+            return [ProtocolError("message_too_large", f"message of {size} bytes exceeds the limit of {self.max_message_bytes} bytes")]
+        try:
+            msg = json.loads(text)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            return [ProtocolError("invalid_json", f"message is not valid JSON: {e}")]
+        if not isinstance(msg, dict):
+            return [ProtocolError("invalid_event", f"message must be a JSON object, got {type(msg).__name__}")]
+        event_id = msg.get("event_id")
+        if event_id is not None and not isinstance(event_id, str):
+            return [ProtocolError("invalid_type", f"field 'event_id' must be string, got {type(event_id).__name__}", None, "event_id")]
+        kind = msg.get("type")
+        if not isinstance(kind, str):
+            what = "missing required field 'type'" if kind is None else f"field 'type' must be string, got {type(kind).__name__}"
+            return [ProtocolError("missing_required_parameter" if kind is None else "invalid_type", what, event_id, "type")]
+        parse = self._PARSERS.get(kind)
+        if parse is None:
+            return [ProtocolError("unknown_event_type", f"unknown or unsupported event type '{kind}'", event_id, "type")]
+        try:
+            return [parse(self, msg, event_id)]
+        except FieldError as e:
+            return [ProtocolError(e.code, f"{kind}: {e.message}", event_id, e.param)]
+
+    def _session_update(self, msg: dict, event_id: str | None) -> SessionUpdate:
+        cfg, changed = apply_session_update(msg, self.config)
+        self.config = cfg
+        return SessionUpdate(event_id=event_id, config=cfg, changed=changed)
+
+    def _append(self, msg: dict, event_id: str | None) -> InputAudioAppend:
+        audio = read(msg, "audio", str, "", required=True)
+        try:
+            samples = decode_pcm(audio)
+        except ValueError as e:
+            raise FieldError("invalid_audio", f"field 'audio' is {e}", "audio") from None
+        return InputAudioAppend(event_id=event_id, samples=samples, rate=self.config.input_rate)
+
+    def _item_create(self, msg: dict, event_id: str | None) -> ItemCreate:
+        ev = _text_item(msg, self.ids, event_id)
+        self.last_item_id = ev.item_id
+        return ev
+
+    def _response_create(self, msg: dict, event_id: str | None) -> ResponseCreate:
+        params = read(msg, "response", dict, "") or {}
+        return ResponseCreate(event_id=event_id, instructions=read(params, "instructions", str, "response"))
+
+    def _truncate(self, msg: dict, event_id: str | None) -> ItemTruncate:
+        return ItemTruncate(event_id=event_id, item_id=read(msg, "item_id", str, "", required=True),
+                            content_index=nonneg(read(msg, "content_index", int, "", required=True), "content_index"),
+                            audio_end_ms=nonneg(read(msg, "audio_end_ms", int, "", required=True), "audio_end_ms"))
+
+    def _played(self, msg: dict, event_id: str | None) -> OutputAudioPlayed:
+        return OutputAudioPlayed(event_id=event_id, sample=nonneg(read(msg, "sample", int, "", required=True), "sample"),
+                                 response_id=read(msg, "response_id", str, ""), item_id=read(msg, "item_id", str, ""),
+                                 input_sample=nonneg(read(msg, "input_sample", int, ""), "input_sample"))
+
+    _PARSERS: ClassVar[dict[str, Callable[[ProtocolSession, dict, str | None], ClientEvent]]] = {
+        SessionUpdate.TYPE: _session_update,
+        InputAudioAppend.TYPE: _append,
+        InputAudioCommit.TYPE: lambda self, msg, eid: InputAudioCommit(event_id=eid),
+        InputAudioClear.TYPE: lambda self, msg, eid: InputAudioClear(event_id=eid),
+        ItemCreate.TYPE: _item_create,
+        ResponseCreate.TYPE: _response_create,
+        ResponseCancel.TYPE: lambda self, msg, eid: ResponseCancel(event_id=eid, response_id=read(msg, "response_id", str, "")),
+        ItemTruncate.TYPE: _truncate,
+        OutputAudioPlayed.TYPE: _played,
+        SessionLatencyRequest.TYPE: lambda self, msg, eid: SessionLatencyRequest(event_id=eid),
+    }
+
+    # ---- server -> client
+
+    def build(self, type: str, **fields) -> ServerEvent:
+        """The server event ``type`` with a fresh ``event_id``: ``fields`` must be exactly those ``SERVER_EVENTS``
+        names for it (any order; they go out in the table's).  Anything else is our bug: ``TypeError``."""
+        names = SERVER_EVENTS[type]
+        if fields.keys() != set(names):
+            raise TypeError(f"{type} takes the fields {names}, got {tuple(fields)}")
+        return ServerEvent(type=type, event_id=self.ids("event"), data={k: fields[k] for k in names})
+
+    def new_item_id(self) -> str:
+        return self.ids("item")
+
+    def session_created(self) -> ServerEvent:
+        return self.build("session.created", session=self.config.to_dict())
+
+    def session_updated(self) -> ServerEvent:
+        return self.build("session.updated", session=self.config.to_dict())
+
+    def speech_started(self, audio_start_ms: int, item_id: str | None = None) -> ServerEvent:
+        """``item_id`` of the user item this speech will become; a fresh one when not given."""
+        return self.build("input_audio_buffer.speech_started", audio_start_ms=int(audio_start_ms), item_id=item_id or self.new_item_id())
+
+    def speech_stopped(self, audio_end_ms: int, item_id: str) -> ServerEvent:
+        return self.build("input_audio_buffer.speech_stopped", audio_end_ms=int(audio_end_ms), item_id=item_id)
+
+    def committed(self, item_id: str | None = None) -> ServerEvent:
+        """The buffer became user item ``item_id`` (fresh when not given), after the newest item."""
+        item_id = item_id or self.new_item_id()
+        previous, self.last_item_id = self.last_item_id, item_id
+        return self.build("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
+
+    def cleared(self) -> ServerEvent:
+        return self.build("input_audio_buffer.cleared")
+
+    def transcription_completed(self, item_id: str, transcript: str, audio_seconds: float, content_index: int = 0) -> ServerEvent:
+        return self.build("conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=content_index,
+                          transcript=transcript, usage={"type": "duration", "seconds": float(audio_seconds)})
+
+    def _response(self, response_id: str, status: str, output: list, status_details: dict | None = None) -> dict:
+        """A ``realtime.response`` object."""
+        return {"id": response_id, "object": "realtime.response", "status": status, "status_details": status_details,
+                "output": output, "output_modalities": list(self.config.output_modalities),
+                "audio": {"output": self.config.output_format()}}
+
+    def response_created(self) -> ServerEvent:
+        """A fresh response (``.response_id``), in progress, with no output yet; use ``new_item_id()`` for its item."""
+        return self.build("response.created", response=self._response(self.ids("resp"), "in_progress", []))
+
+    def audio_delta(self, response_id: str, item_id: str, pcm: np.ndarray | bytes, output_index: int = 0,
+                    content_index: int = 0) -> ServerEvent:
+        return self.build("response.output_audio.delta", response_id=response_id, item_id=item_id, output_index=output_index,
+                          content_index=content_index, delta=encode_pcm(pcm))
+
+    def audio_done(self, response_id: str, item_id: str, output_index: int = 0, content_index: int = 0) -> ServerEvent:
+        return self.build("response.output_audio.done", response_id=response_id, item_id=item_id, output_index=output_index,
+                          content_index=content_index)
+
+    def transcript_delta(self, response_id: str, item_id: str, delta: str, output_index: int = 0,
+                         content_index: int = 0) -> ServerEvent:
+        return self.build("response.output_audio_transcript.delta", response_id=response_id, item_id=item_id,
+                          output_index=output_index, content_index=content_index, delta=delta)
+
+    def transcript_done(self, response_id: str, item_id: str, transcript: str, output_index: int = 0,
+                        content_index: int = 0) -> ServerEvent:
+        return self.build("response.output_audio_transcript.done", response_id=response_id, item_id=item_id,
+                          output_index=output_index, content_index=content_index, transcript=transcript)
+
+    def response_done(self, response_id: str, item_id: str | None, transcript: str = "", *, cancelled: bool = False,
+                      reason: str = "client_cancelled") -> ServerEvent:
+        """``status`` completed, or cancelled with ``reason`` ('client_cancelled' or 'turn_detected' for barge-in).
+        ``item_id`` None: the response produced no item."""
+        output = []
+        if item_id is not None:
+            output = [{"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant",
+                       "status": "incomplete" if cancelled else "completed",
+                       "content": [{"type": "output_audio", "transcript": transcript}]}]
+            self.last_item_id = item_id
+        details = {"type": "cancelled", "reason": reason} if cancelled else None
+        return self.build("response.done", response=self._response(response_id, "cancelled" if cancelled else "completed", output,
+                                                                   details))
+
+    def truncated(self, item_id: str, audio_end_ms: int, content_index: int = 0) -> ServerEvent:
+        return self.build("conversation.item.truncated", item_id=item_id, content_index=content_index, audio_end_ms=int(audio_end_ms))
+
+    def error(self, err: ProtocolError) -> ServerEvent:
+        return self.build("error", error={"type": err.type, "code": err.code, "message": err.message, "param": err.param,
+                                          "event_id": err.event_id})
+
+    def turn_latency(self, report: dict) -> ServerEvent:
+        """``report``: ``TurnReport.to_dict()``, carried unchanged."""
+        return self.build("turn.latency", report=report)
+
+    def session_latency(self, summary: dict) -> ServerEvent:
+        return self.build("session.latency", summary=summary)

@@ -1,0 +1,184 @@
+"""The negotiated session configuration of a Realtime session, and its validation from ``session.update``.
+
+Owns: ``SessionConfig`` (instructions, voice, output modalities, input/output PCM rates) and ``TurnDetection``
+(``server_vad``, the only type we run), their wire form (the ``session`` object of ``session.created`` /
+``session.updated``), and ``apply_session_update``: a ``session.update`` message checked field by field and
+applied all or nothing.  Also the field readers the codec shares (``read``, ``nonneg``, ``FieldError``).
+
+We accept ``audio/pcm`` rates other than 24000 (``MIN_RATE``..``MAX_RATE``), which the openai types do not
+allow; a session at another rate reports it, outside openai's schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+DEFAULT_RATE = 24000
+MIN_RATE, MAX_RATE = 8000, 48000
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDetection:
+    """``audio.input.turn_detection`` of type ``server_vad`` (the only type we run).  The defaults are
+    our endpointer's (``voice.vad``), not OpenAI's 300 / 500 ms: every ms of silence is spent from the budget."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 200
+    silence_duration_ms: int = 400
+    create_response: bool = True
+    interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"type": "server_vad", **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """The effective session configuration; ``turn_detection=None`` means manual commits."""
+
+    model: str = "wafervox"
+    instructions: str = ""
+    voice: str = "default"
+    input_rate: int = DEFAULT_RATE
+    output_rate: int = DEFAULT_RATE
+    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
+    output_modalities: tuple[str, ...] = ("audio",)
+
+    def to_dict(self) -> dict:
+        """The ``session`` object of ``session.created`` / ``session.updated`` (RealtimeSessionCreateRequest)."""
+        td = None if self.turn_detection is None else self.turn_detection.to_dict()
+        return {
+            "type": "realtime",
+            "model": self.model,
+            "instructions": self.instructions,
+            "output_modalities": list(self.output_modalities),
+            "audio": {
+                "input": {"format": {"type": "audio/pcm", "rate": self.input_rate}, "turn_detection": td},
+                "output": self.output_format(),
+            },
+        }
+
+    def output_format(self) -> dict:
+        """``audio.output``: of the session object, and of every response."""
+        return {"format": {"type": "audio/pcm", "rate": self.output_rate}, "voice": self.voice}
+
+
+# --------------------------------------------------------------------------- field readers
+
+
+class FieldError(Exception):
+    """A client field we cannot accept: the codec turns it into one ``ProtocolError`` (code, message, param)."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+_MISSING = object()
+
+
+def read(obj: dict, key: str, kinds: type | tuple[type, ...], where: str, required: bool = False, nullable: bool = True):
+    """``obj[key]`` checked against ``kinds`` (bool is never an int here); ``None`` when absent and optional."""
+    v = obj.get(key, _MISSING)
+    path = f"{where}.{key}" if where else key
+    if v is _MISSING or (v is None and nullable and not required):
+        if required:
+            raise FieldError("missing_required_parameter", f"missing required field '{path}'", path)
+        return None
+    names = kinds.__name__ if isinstance(kinds, type) else " or ".join(k.__name__ for k in kinds)
+    if (isinstance(v, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,))) or not isinstance(v, kinds):
+        raise FieldError("invalid_type", f"field '{path}' must be {names}, got {type(v).__name__}", path)
+    return v
+
+
+def nonneg(v: int | None, path: str) -> int | None:
+    if v is not None and v < 0:
+        raise FieldError("invalid_value", f"field '{path}' must be >= 0, got {v}", path)
+    return v
+
+
+# --------------------------------------------------------------------------- session.update
+
+
+def _format_rate(fmt: Any, path: str, current: int) -> int:
+    if fmt is None:
+        return current
+    if not isinstance(fmt, dict):
+        raise FieldError("invalid_type", f"field '{path}' must be an object", path)
+    kind = read(fmt, "type", str, path)
+    if kind not in (None, "audio/pcm"):
+        raise FieldError("unsupported_format", f"audio format '{kind}' at '{path}' is not supported (only 'audio/pcm')", path + ".type")
+    rate = read(fmt, "rate", int, path)
+    if rate is None:
+        return current
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise FieldError("invalid_value", f"field '{path}.rate' must be in {MIN_RATE}..{MAX_RATE} Hz, got {rate}", path + ".rate")
+    return rate
+
+
+def _turn_detection(td: Any, current: TurnDetection | None) -> TurnDetection:
+    path = "session.audio.input.turn_detection"
+    if not isinstance(td, dict):
+        raise FieldError("invalid_type", f"field '{path}' must be an object or null", path)
+    kind = read(td, "type", str, path)
+    if kind not in (None, "server_vad"):
+        raise FieldError("unsupported_turn_detection", f"turn_detection type '{kind}' is not supported (only 'server_vad')",
+                         path + ".type")
+    base = current or TurnDetection()
+    ch: dict[str, Any] = {}
+    thr = read(td, "threshold", (int, float), path)
+    if thr is not None:
+        if not 0.0 <= thr <= 1.0:
+            raise FieldError("invalid_value", f"field '{path}.threshold' must be in 0..1, got {thr}", path + ".threshold")
+        ch["threshold"] = float(thr)
+    for k in ("prefix_padding_ms", "silence_duration_ms"):
+        v = nonneg(read(td, k, int, path), f"{path}.{k}")
+        if v is not None:
+            ch[k] = v
+    for k in ("create_response", "interrupt_response"):
+        v = read(td, k, bool, path)
+        if v is not None:
+            ch[k] = v
+    if "idle_timeout_ms" in td:
+        ch["idle_timeout_ms"] = nonneg(read(td, "idle_timeout_ms", int, path), f"{path}.idle_timeout_ms")
+    return replace(base, **ch)
+
+
+def _voice(v: Any, path: str) -> str:
+    if isinstance(v, dict):
+        v = read(v, "id", str, path, required=True)
+    if not isinstance(v, str):
+        raise FieldError("invalid_type", f"field '{path}' must be a string or {{\"id\": string}}", path)
+    return v
+
+
+def apply_session_update(msg: dict, cfg: SessionConfig) -> tuple[SessionConfig, frozenset[str]]:
+    """``cfg`` with a ``session.update`` message applied, and the ``SessionConfig`` field names it touched.
+    Raises ``FieldError`` for the first field it cannot accept; ``cfg`` itself is never changed."""
+    s = read(msg, "session", dict, "", required=True)
+    kind = read(s, "type", str, "session")
+    if kind not in (None, "realtime"):
+        raise FieldError("unsupported_session_type", f"session type '{kind}' is not supported (only 'realtime')", "session.type")
+    ch: dict[str, Any] = {}
+    if (ins := read(s, "instructions", str, "session")) is not None:
+        ch["instructions"] = ins
+    if (mods := read(s, "output_modalities", list, "session")) is not None:
+        if not mods or any(m not in ("text", "audio") for m in mods):
+            raise FieldError("invalid_value", "field 'session.output_modalities' must be a non-empty list of 'text'/'audio'",
+                             "session.output_modalities")
+        ch["output_modalities"] = tuple(dict.fromkeys(mods))
+    audio = read(s, "audio", dict, "session") or {}
+    inp = read(audio, "input", dict, "session.audio") or {}
+    out = read(audio, "output", dict, "session.audio") or {}
+    if "format" in inp:
+        ch["input_rate"] = _format_rate(inp["format"], "session.audio.input.format", cfg.input_rate)
+    if "turn_detection" in inp:
+        td = inp["turn_detection"]
+        ch["turn_detection"] = None if td is None else _turn_detection(td, cfg.turn_detection)
+    if "format" in out:
+        ch["output_rate"] = _format_rate(out["format"], "session.audio.output.format", cfg.output_rate)
+    if out.get("voice") is not None:
+        ch["voice"] = _voice(out["voice"], "session.audio.output.voice")
+    return replace(cfg, **ch), frozenset(ch)

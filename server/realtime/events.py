@@ -1,0 +1,185 @@
+"""The events of the Realtime wire, as the codec (``server.realtime.codec``) yields and builds them.
+
+Owns: the typed client events ``ProtocolSession.receive`` returns (one frozen, slotted dataclass per client
+event type, each with its wire name as ``TYPE``; the ``ClientEvent`` union), ``ProtocolError`` (a client
+message we could not accept), and the server events: ``SERVER_EVENTS``, the one table of server event type
+-> its fields in wire order with the exact field names of ``openai.types.realtime``, and ``ServerEvent``, the
+one class every built server event is.
+
+Our extensions, in the same style: client ``output_audio.played`` (``sample``: index, in output samples
+since the session began, of the sample the client has started playing; optional ``response_id``,
+``item_id``, and ``input_sample``: how many input samples the client had sent at that moment, which
+puts voice-to-voice on the client's own audio clock) and ``session.latency`` (a request); server
+``turn.latency`` (``report``: exactly ``voice.latency.TurnReport.to_dict()``) and ``session.latency``
+(``summary``, e.g. ``voice.latency.summarize(...)``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeAlias
+
+import numpy as np
+
+from .config import SessionConfig
+
+# --------------------------------------------------------------------------- client events
+
+
+@dataclass(frozen=True, slots=True)
+class SessionUpdate:
+    TYPE: ClassVar[str] = "session.update"
+    event_id: str | None
+    config: SessionConfig  # the new effective configuration, already applied
+    changed: frozenset[str]  # SessionConfig field names the update touched
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class InputAudioAppend:
+    TYPE: ClassVar[str] = "input_audio_buffer.append"
+    event_id: str | None
+    samples: np.ndarray  # int16, read-only
+    rate: int  # the session's input rate when the chunk arrived
+
+
+@dataclass(frozen=True, slots=True)
+class InputAudioCommit:
+    TYPE: ClassVar[str] = "input_audio_buffer.commit"
+    event_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class InputAudioClear:
+    TYPE: ClassVar[str] = "input_audio_buffer.clear"
+    event_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemCreate:
+    """A user text message (``conversation.item.create``); ``item_id`` is the client's or one we assigned."""
+
+    TYPE: ClassVar[str] = "conversation.item.create"
+    event_id: str | None
+    item_id: str
+    text: str
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseCreate:
+    TYPE: ClassVar[str] = "response.create"
+    event_id: str | None
+    instructions: str | None  # per-response override; other response params are ignored
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseCancel:
+    TYPE: ClassVar[str] = "response.cancel"
+    event_id: str | None
+    response_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemTruncate:
+    TYPE: ClassVar[str] = "conversation.item.truncate"
+    event_id: str | None
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutputAudioPlayed:
+    """Our extension: the client has started playing output sample ``sample`` (counted since session start)."""
+
+    TYPE: ClassVar[str] = "output_audio.played"
+    event_id: str | None
+    sample: int
+    response_id: str | None
+    item_id: str | None
+    input_sample: int | None = None  # input samples the client had sent when it started playing ``sample``
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLatencyRequest:
+    """Our extension: the client asks for a ``session.latency`` summary."""
+
+    TYPE: ClassVar[str] = "session.latency"
+    event_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolError:
+    """A client message we could not accept; answer it with ``ProtocolSession.error``."""
+
+    code: str
+    message: str
+    event_id: str | None = None
+    param: str | None = None
+    type: str = "invalid_request_error"
+
+
+ClientEvent: TypeAlias = (SessionUpdate | InputAudioAppend | InputAudioCommit | InputAudioClear | ItemCreate | ResponseCreate
+                          | ResponseCancel | ItemTruncate | OutputAudioPlayed | SessionLatencyRequest)
+
+
+# --------------------------------------------------------------------------- server events
+
+_PART = ("response_id", "item_id", "output_index", "content_index")  # where in a response an output content part is
+
+SERVER_EVENTS: dict[str, tuple[str, ...]] = {
+    # type: its fields after ``type`` and ``event_id``, in wire order
+    "session.created": ("session",),  # SessionConfig.to_dict()
+    "session.updated": ("session",),
+    "input_audio_buffer.speech_started": ("audio_start_ms", "item_id"),
+    "input_audio_buffer.speech_stopped": ("audio_end_ms", "item_id"),
+    "input_audio_buffer.committed": ("item_id", "previous_item_id"),
+    "input_audio_buffer.cleared": (),
+    # usage, required by openai: {"type": "duration", "seconds": ...}
+    "conversation.item.input_audio_transcription.completed": ("item_id", "content_index", "transcript", "usage"),
+    "response.created": ("response",),  # a realtime.response object
+    "response.output_audio.delta": (*_PART, "delta"),  # delta: base64 PCM16
+    "response.output_audio.done": _PART,
+    "response.output_audio_transcript.delta": (*_PART, "delta"),
+    "response.output_audio_transcript.done": (*_PART, "transcript"),
+    "response.done": ("response",),
+    "conversation.item.truncated": ("item_id", "content_index", "audio_end_ms"),
+    "error": ("error",),  # RealtimeError: type, code, message, param, event_id (the client's)
+    "turn.latency": ("report",),  # our extension: one turn's report, exactly TurnReport.to_dict()
+    "session.latency": ("summary",),  # our extension: the session's latency summary
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerEvent:
+    """One server event: ``type`` (a key of ``SERVER_EVENTS``), our ``event_id``, and ``data``, its fields in
+    wire order.  The fields read as attributes too (``ev.item_id``); ``.to_json()`` is the text to send.
+    Built by ``ProtocolSession.build``, which checks ``data`` against the table."""
+
+    type: str
+    event_id: str
+    data: dict[str, Any]
+
+    def __getattr__(self, name: str) -> Any:  # only called when ``name`` is not a slot, method or property
+        if name.startswith("_") or name == "data":  # never look into ``data`` while it is not set (copy, pickle)
+            raise AttributeError(name)
+        try:
+            return self.data[name]
+        except KeyError:
+            raise AttributeError(f"a {self.type} event has no field {name!r}") from None
+
+    @property
+    def response_id(self) -> str:
+        """The response this event belongs to: its ``response_id`` field, or its ``response`` object's id."""
+        if "response_id" in self.data:
+            return self.data["response_id"]
+        if "response" in self.data:
+            return self.data["response"]["id"]
+        raise AttributeError(f"a {self.type} event has no field 'response_id'")
+
+    def to_dict(self) -> dict:
+        return {"type": self.type, "event_id": self.event_id, **self.data}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False)
