@@ -82,11 +82,6 @@ class Speaker:
         with self._lock:
             self._buf = self._buf[:0]
 
-    @property
-    def pending_s(self) -> float:
-        with self._lock:
-            return len(self._buf) / self.rate
-
     def close(self):
         self._stream.stop()
         self._stream.close()

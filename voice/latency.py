@@ -49,11 +49,6 @@ class TurnTrace:
         if what not in self.mitigations:
             self.mitigations.append(what)
 
-    @property
-    def deadline(self) -> float | None:
-        lv = self.stamps.get("last_voiced")
-        return None if lv is None else lv + self.budget_ms / 1000
-
     def report(self) -> TurnReport:
         return TurnReport(turn=self.turn, transcript=self.transcript, reply=self.reply, budget_ms=self.budget_ms,
                           stamps=dict(self.stamps), mitigations=tuple(self.mitigations), barge_in=self.barge_in)

@@ -1,6 +1,7 @@
 """The turn state machine (sans-I/O): listening -> thinking -> speaking -> listening.
 
-One transition table; an event with no entry for the current state raises.
+One transition table; an event with no entry for the current state raises ``IllegalTransition``, the exception of
+every state machine in ``voice`` (the endpointer's too).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ class TurnEvent(Enum):
     BARGE_IN = "barge_in"  # the user spoke over the answer
 
 
-class IllegalTransition(Exception):
-    pass
+class IllegalTransition(RuntimeError):
+    """A state machine got an event its transition table has no entry for in its current state (a bug in its caller)."""
 
 
 TRANSITIONS: dict[TurnState, dict[TurnEvent, TurnState]] = {
@@ -47,13 +48,11 @@ TRANSITIONS: dict[TurnState, dict[TurnEvent, TurnState]] = {
 class TurnMachine:
     def __init__(self):
         self.state = TurnState.LISTENING
-        self.history: list[tuple[TurnState, TurnEvent, TurnState]] = []
 
     def fire(self, event: TurnEvent) -> TurnState:
         nxt = TRANSITIONS[self.state].get(event)
         if nxt is None:
             raise IllegalTransition(f"{event.value} is not allowed while {self.state.value}")
-        self.history.append((self.state, event, nxt))
         self.state = nxt
         return nxt
 

@@ -34,6 +34,7 @@ import numpy as np
 import webrtcvad
 
 from voice.protocols import ASR_RATE
+from voice.turns import IllegalTransition
 
 #: The rates and frame lengths webrtcvad accepts.
 VAD_RATES = (8000, 16000, 32000, 48000)
@@ -186,10 +187,6 @@ TRANSITIONS: dict[State, dict[type, State]] = {
     State.SPEECH: {Pause: State.PAUSED},
     State.PAUSED: {SpeechResumed: State.SPEECH, SpeechStopped: State.SILENCE},
 }
-
-
-class IllegalTransition(RuntimeError):
-    pass
 
 
 def next_state(state: State, event: VadEvent) -> State:
