@@ -4,9 +4,11 @@ run on its own thread so that its compute never holds up the event loop.
 The websocket adapter (``server.app``) only moves bytes: it ``submit()``s every client message and
 writes out what the session hands to ``emit(frame, droppable)``.  Everything else happens here, on
 the session thread: the codec (``server.protocol``) parses the message, the ``VoiceLoop`` is fed and
-stepped, and the loop's events (``on_event``) become server events.  Output audio is resampled to
-the session's output rate and counted in output samples since the session began, which is the
-position the client's ``output_audio.played`` refers to.
+stepped (``run_until``, polling the inbox between pieces of work), and the loop's events
+(``voice.loop_events``) become server events.  Output audio is resampled to the session's output
+rate and counted in output samples since the session began, which is the position the client's
+``output_audio.played`` refers to; each answer's ``Playout`` in those units says which of its words
+were heard.
 
 Two ways to talk: ``/v1/realtime`` (JSON events, base64 audio, the OpenAI Realtime subset) and the
 native ``/v1/stream`` (binary frames of raw PCM16 both ways, JSON events for the rest).
@@ -27,13 +29,16 @@ from voice.audio import AudioChunk, Resampler
 from voice.clock import RealClock
 from voice.latency import percentile, summarize
 from voice.llm import Persona
-from voice.loop import LoopConfig, VoiceLoop
+from voice.loop import LoopConfig, VoiceLoop, run_until
+from voice.loop_events import LoopEvent, PhraseStarted, ResponseStarted, TranscriptFinal, TurnEnded, UserSpeechStarted, UserSpeechStopped
+from voice.playout import Playout
 from voice.protocols import ASR_RATE
 
 from . import realtime as P
 
 log = logging.getLogger("wafervox.server")
 DELTA_MS = 200  # longest output audio delta
+IDLE_WAIT_S = 0.02  # the longest the session thread waits for a message before it looks at the loop again
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +62,7 @@ class _Answer:
     last_voiced: int | None  # input sample (ASR_RATE) of the user's last voiced sample
     first_sample: int | None = None  # output sample index of its first audio sample
     samples: int = 0
-    phrases: list[tuple[str, int]] = field(default_factory=list)  # (text, output sample where its audio starts)
+    playout: Playout = field(default_factory=Playout)  # its phrases' audio, in output samples
     client: dict | None = None  # voice-to-voice on the client's clock, once it told us
     reported: dict | None = None  # the turn.latency report sent
 
@@ -136,10 +141,7 @@ class RealtimeSession:
             engines.llm.prepare()  # the persona's KV prefix (copied from the shared one, so usually nothing to do)
             self._out_rs = Resampler(self.shared.sample_rate, self.proto.config.output_rate)
             while not self._closing.is_set():
-                self._drain(block=not self.loop.has_work())
-                if self._closing.is_set():
-                    break
-                self.loop.step()
+                run_until(self.loop, self.loop.clock.now() + IDLE_WAIT_S, poll=self._drain)
         except Exception as e:  # a bug, or an engine failing: this session ends, the server goes on
             log.exception("%s failed", self.name)
             if self.metrics:
@@ -147,9 +149,10 @@ class RealtimeSession:
             self._send_error(P.ProtocolError("server_error", f"the session failed: {type(e).__name__}: {e}", type="server_error"))
             self.close_connection(1011, "internal error")
 
-    def _drain(self, block: bool) -> None:
+    def _drain(self, timeout_s: float) -> None:
+        """Handle the messages that arrive within ``timeout_s`` (0: only those waiting); returns once some came."""
         try:
-            msg = self.inbox.get(timeout=0.02) if block else self.inbox.get_nowait()
+            msg = self.inbox.get(timeout=timeout_s) if timeout_s > 0 else self.inbox.get_nowait()
         except queue.Empty:
             return
         for _ in range(1000):
@@ -269,7 +272,7 @@ class RealtimeSession:
             return
         if a is self._answer:
             self.loop.cancel("client_truncated")
-        heard = _heard(a, (a.first_sample or 0) + ev.audio_end_ms * rate // 1000)
+        heard = a.playout.heard((a.first_sample or 0) + ev.audio_end_ms * rate // 1000)
         if a is self._last_answer():
             self.loop.amend_reply(heard)
         self._send(self.proto.truncated(ev.item_id, ev.audio_end_ms, ev.content_index))
@@ -325,56 +328,58 @@ class RealtimeSession:
 
     # -- the loop's events -------------------------------------------------------------------------
 
-    def _on_loop_event(self, kind: str, info: dict) -> None:
-        ms = lambda sample: sample * 1000 // ASR_RATE
-        if kind == "speech_started":
-            self._user_item = self.proto.new_item_id()
-            self._speech_start = info["sample"]
-            self._send(self.proto.speech_started(ms(info["sample"]), self._user_item))
-        elif kind == "speech_stopped":
-            item = self._user_item or self.proto.new_item_id()
-            if self.loop.cfg.turn_detection:
-                self._send(self.proto.speech_stopped(ms(info["last_voiced"]), item))
-            self._send(self.proto.committed(item))
-            self._user_item = item
-            self._last_voiced = info["last_voiced"]
-            self._speech_start = info["first_voiced"]
-        elif kind == "transcript":
-            if self._user_item is not None:
-                seconds = max(0, (self._last_voiced or 0) - self._speech_start) / ASR_RATE
-                self._send(self.proto.transcription_completed(self._user_item, info["text"], seconds))
-        elif kind == "response_started":
-            created = self.proto.response_created()
-            spoken = self._user_item is not None
-            self._answer = _Answer(created.response_id, self.proto.new_item_id(), self._user_item,
-                                   self._last_voiced if spoken else None)
-            self._user_item = None
-            self._answers[self._answer.item_id] = self._answer
-            while len(self._answers) > 16:
-                self._answers.pop(next(iter(self._answers)))
-            self._send(created)
-        elif kind == "phrase":
-            a = self._answer
-            if a is not None:
-                a.phrases.append((info["text"], self._out_samples))
-                delta = info["text"] if info["index"] == 0 else " " + info["text"]
-                self._send(self.proto.transcript_delta(a.response_id, a.item_id, delta))
-        elif kind == "turn_end":
-            self._end_answer(info)
+    def _on_loop_event(self, ev: LoopEvent) -> None:
+        self._LOOP_HANDLERS[type(ev)](self, ev)
 
-    def _end_answer(self, info: dict) -> None:
-        a, self._answer = self._answer, None
-        report = info["report"]
+    def _on_speech_started(self, ev: UserSpeechStarted) -> None:
+        self._user_item = self.proto.new_item_id()
+        self._speech_start = ev.first_voiced_sample
+        self._send(self.proto.speech_started(_ms(ev.first_voiced_sample), self._user_item))
+
+    def _on_speech_stopped(self, ev: UserSpeechStopped) -> None:
+        item = self._user_item or self.proto.new_item_id()
+        if self.loop.cfg.turn_detection:
+            self._send(self.proto.speech_stopped(_ms(ev.last_voiced_sample), item))
+        self._send(self.proto.committed(item))
+        self._user_item = item
+        self._last_voiced = ev.last_voiced_sample
+        self._speech_start = ev.first_voiced_sample
+
+    def _on_transcript(self, ev: TranscriptFinal) -> None:
+        if self._user_item is not None:
+            seconds = max(0, (self._last_voiced or 0) - self._speech_start) / ASR_RATE
+            self._send(self.proto.transcription_completed(self._user_item, ev.text, seconds))
+
+    def _on_response_started(self, ev: ResponseStarted) -> None:
+        created = self.proto.response_created()
+        spoken = self._user_item is not None
+        self._answer = _Answer(created.response_id, self.proto.new_item_id(), self._user_item,
+                               self._last_voiced if spoken else None)
+        self._user_item = None
+        self._answers[self._answer.item_id] = self._answer
+        while len(self._answers) > 16:
+            self._answers.pop(next(iter(self._answers)))
+        self._send(created)
+
+    def _on_phrase(self, ev: PhraseStarted) -> None:
+        a = self._answer
         if a is not None:
-            spoken = info["spoken"]
+            a.playout.begin_phrase(ev.text)  # the audio sent from now on is this phrase's
+            delta = ev.text if ev.index == 0 else " " + ev.text
+            self._send(self.proto.transcript_delta(a.response_id, a.item_id, delta))
+
+    def _on_turn_ended(self, ev: TurnEnded) -> None:
+        a, self._answer = self._answer, None
+        report = ev.report
+        if a is not None:
             if a.samples:
                 tail = self._out_rs.flush()
-                if not info["cancelled"]:
+                if not ev.cancelled:
                     self._audio(a, tail)
                 self._send(self.proto.audio_done(a.response_id, a.item_id))
-            self._send(self.proto.transcript_done(a.response_id, a.item_id, spoken))
-            self._send(self.proto.response_done(a.response_id, a.item_id, spoken, cancelled=info["cancelled"],
-                                                 reason=info["reason"] or "client_cancelled"))
+            self._send(self.proto.transcript_done(a.response_id, a.item_id, ev.spoken))
+            self._send(self.proto.response_done(a.response_id, a.item_id, ev.spoken, cancelled=ev.cancelled,
+                                                 reason=ev.reason or "client_cancelled"))
         if report is not None:
             d = report.to_dict()
             if self.metrics:
@@ -384,6 +389,15 @@ class RealtimeSession:
             self._send_latency(a, d)
         if self._deferred_engines is not None:
             self._swap_engines(self._deferred_engines)
+
+    _LOOP_HANDLERS: dict = {
+        UserSpeechStarted: _on_speech_started,
+        UserSpeechStopped: _on_speech_stopped,
+        TranscriptFinal: _on_transcript,
+        ResponseStarted: _on_response_started,
+        PhraseStarted: _on_phrase,
+        TurnEnded: _on_turn_ended,
+    }
 
     def _send_latency(self, a: _Answer | None, report: dict) -> None:
         d = dict(report)
@@ -410,6 +424,8 @@ class RealtimeSession:
             return
         if a.first_sample is None:
             a.first_sample = self._out_samples
+        if a.playout.texts:  # (audio before the first phrase, an acknowledgement, holds no words)
+            a.playout.play(self._out_samples, len(pcm))
         a.samples += len(pcm)
         self._out_samples += len(pcm)
         step = self.proto.config.output_rate * DELTA_MS // 1000
@@ -435,14 +451,6 @@ class RealtimeSession:
         self._send(self.proto.error(err))
 
 
-def _heard(a: _Answer, played_to: int) -> str:
-    """The words of answer ``a`` played before output sample ``played_to``."""
-    words = []
-    bounds = [s for _, s in a.phrases[1:]] + [(a.first_sample or 0) + a.samples]
-    for (text, start), end in zip(a.phrases, bounds):
-        if played_to >= end:
-            words.append(text)
-        elif played_to > start:
-            w = text.split()
-            words.append(" ".join(w[: int(len(w) * (played_to - start) / max(1, end - start))]))
-    return " ".join(x for x in words if x)
+def _ms(sample: int) -> int:
+    """Input sample (ASR_RATE) -> ms since the session began, as the wire counts audio."""
+    return sample * 1000 // ASR_RATE

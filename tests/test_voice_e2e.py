@@ -125,9 +125,9 @@ def test_barge_in_stops_playback_and_keeps_what_was_said(engines):
     assert first.barge_in and not second.barge_in
     assert loop.barge_ins, "no barge-in recorded"
     bi = loop.barge_ins[0]
-    assert bi["stopped_at"] - bi["detected_at"] <= 0.1  # playback stopped within 100 ms of the detection
+    assert bi.stopped_s - bi.detected_s <= 0.1  # playback stopped within 100 ms of the detection
     # no audio of the first answer plays after the stop
-    stop = bi["stopped_at"]
+    stop = bi.stopped_s
     for start, pcm in sink.pieces:
         if start < stop:
             assert start + len(pcm) / sink.rate <= stop + 1e-6

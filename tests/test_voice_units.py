@@ -135,20 +135,58 @@ def test_chunks_cover_the_signal():
     assert np.array_equal(np.concatenate([c.pcm for c in parts]), x)
 
 
-def test_loop_input_buffer_stays_bounded_and_exact():
-    """Hours of input keep memory bounded; recent audio stays addressable by stream position.
-    (No engine is called: silence never starts a turn.)"""
+def test_input_buffer_stays_bounded_and_exact():
+    """Hours of input keep memory bounded; recent audio stays addressable by stream position."""
     from voice.audio import AudioChunk
-    from voice.loop import _KEEP_AUDIO_S, Engines, VoiceLoop
+    from voice.input_buffer import KEEP_AUDIO_S, InputBuffer
 
-    loop = VoiceLoop(Engines(transcriber=None, llm=None, tts=None), BufferSink(16000), VirtualClock())
+    buf = InputBuffer(VirtualClock())
     n = 16000 * 2  # 2 s chunks
-    total = (3 * _KEEP_AUDIO_S) // 2 * n
+    total = (3 * KEEP_AUDIO_S) // 2 * n
     for i in range(0, total, n):
         pcm = np.full(n, (i // n) % 100, np.int16)
-        loop.feed(AudioChunk(pcm, 16000, i))
-    assert loop._pos == total
-    assert len(loop._audio) <= 4 * _KEEP_AUDIO_S * 16000
-    tail = loop._utterance(total - 3 * n, total - 1)
+        buf.append(AudioChunk(pcm, 16000, i), may_forget=True)
+    assert buf.end_sample == total and buf.input_time == total / 16000
+    assert buf.capacity_samples <= 4 * KEEP_AUDIO_S * 16000 and buf.base_sample > 0
+    tail = buf.utterance(total - 3 * n, total - 1, padding_ms=200)
     expect = np.concatenate([np.full(n, ((total - k * n) // n) % 100, np.int16) for k in (3, 2, 1)])
-    assert np.array_equal(np.round(tail[loop.cfg.padding_ms * 16:] * 32768).astype(np.int16), expect)
+    assert np.array_equal(np.round(tail[200 * 16:] * 32768).astype(np.int16), expect)
+
+
+def test_input_buffer_keeps_what_a_turn_needs():
+    """While a turn may still need its audio (``may_forget=False``), nothing is dropped."""
+    from voice.audio import AudioChunk
+    from voice.input_buffer import InputBuffer
+
+    buf = InputBuffer(VirtualClock(), keep_s=1)
+    for i in range(5):
+        buf.append(AudioChunk(np.full(16000, i, np.int16), 16000, 0), may_forget=False)
+    assert buf.base_sample == 0
+    first = buf.utterance(0, 16000, padding_ms=0)
+    assert len(first) == 16000 and not first.any()
+
+
+def test_input_buffer_maps_samples_to_clock_time_and_resampler_lag():
+    """Input at another rate streams through a resampler; its filter delay is added back to the clock time."""
+    from voice.audio import AudioChunk
+    from voice.input_buffer import InputBuffer
+
+    buf = InputBuffer(VirtualClock())
+    out = buf.append(AudioChunk(np.zeros(4410, np.int16), 44100, 0), may_forget=True)
+    assert len(out) + buf.lag_samples == 1600 and buf.lag_samples > 0
+    assert buf.input_time == pytest.approx(0.1)  # what came out, plus what the filter still owes
+    assert buf.audio_time(0) == pytest.approx(buf.lag_samples / 16000)
+
+
+def test_input_buffer_manual_commits():
+    from voice.audio import AudioChunk
+    from voice.input_buffer import InputBuffer
+
+    buf = InputBuffer(VirtualClock())
+    assert buf.take_uncommitted() is None
+    buf.append(AudioChunk(np.zeros(800, np.int16), 16000, 0), may_forget=True)
+    assert buf.uncommitted_s == 0.05
+    assert buf.take_uncommitted() == (0, 799) and buf.take_uncommitted() is None
+    buf.append(AudioChunk(np.zeros(800, np.int16), 16000, 0), may_forget=True)
+    buf.mark_committed()  # an automatic turn used it
+    assert buf.uncommitted_s == 0.0 and buf.take_uncommitted() is None

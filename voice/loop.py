@@ -1,37 +1,50 @@
 """The voice loop: audio in, turns out, on one clock, cooperatively scheduled.
 
-``VoiceLoop.feed(chunk)`` takes input audio (any rate), runs the endpointer and reacts
-to its events; ``step()`` advances the current response by one small piece of work
-(a transcription, one LLM token, one TTS chunk), so input keeps being read between
-pieces and a barge-in is seen within one piece.  Drivers (``run_stream``, the mic
-demo, the server) alternate ``feed`` and ``step`` against a ``RealClock`` or a
-``VirtualClock``.
+``VoiceLoop.feed(chunk)`` takes input audio (any rate), runs the endpointer and reacts to its events (``on_vad``);
+``step()`` advances the current response by one small piece of work (a transcription, one LLM token, one TTS chunk), so
+input keeps being read between pieces and a barge-in is seen within one piece.  Drivers alternate ``feed`` and
+``run_until`` (one driver for a file, the mic demo and the server) against a ``RealClock`` or a ``VirtualClock``.
 
-The budget is worked against, not just measured: at a ``Pause`` the loop transcribes
-and starts answering speculatively (audio held back until the endpoint confirms the
-turn, dropped if the user goes on), the phrase chunker releases a short first clause,
-and an optional acknowledgement sound covers a late answer (reported as
-``first_audio_ms``, never as the answer).
+The loop is the turn policy; what it keeps is delegated: the input audio and its clock times to an ``InputBuffer``, the
+play cursor and the words heard to a ``Playout``, the turn state to a ``TurnMachine``, the timestamps to a ``TurnTrace``.
+Its adapter follows a turn through ``on_event`` (``voice.loop_events``).
+
+The budget is worked against, not just measured: at a ``Pause`` the loop transcribes and starts answering speculatively
+(audio held back until the endpoint confirms the turn, dropped if the user goes on), the phrase chunker releases a short
+first clause, and an optional acknowledgement sound covers a late answer (reported as ``first_audio_ms``, never as the
+answer).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from .audio import AudioChunk, Resampler, to_float
+from .audio import AudioChunk
+from .input_buffer import InputBuffer
 from .latency import TurnReport, TurnTrace
+from .loop_events import (
+    BargeIn,
+    LoopEvent,
+    PhraseStarted,
+    ResponseStarted,
+    TranscriptFinal,
+    TurnEnded,
+    UserSpeechStarted,
+    UserSpeechStopped,
+)
 from .phrases import PhraseChunker
-from .protocols import ASR_RATE, Synthesizer, Transcriber
+from .playout import Playout
+from .protocols import ASR_RATE, Clock, Conversation, Sink, Synthesizer, Transcriber
 from .turns import TurnEvent, TurnMachine, TurnState
-from .vad import Endpointer, EndpointerConfig, Pause, SpeechResumed, SpeechStarted, SpeechStopped
+from .vad import Endpointer, EndpointerConfig, Pause, SpeechResumed, SpeechStarted, SpeechStopped, VadEvent
 from .vad import State as VadState
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
-_KEEP_AUDIO_S = 120  # input audio kept for transcription
+_SAMPLE_FIELDS = ("sample", "first_voiced_sample", "last_voiced_sample", "start_pad", "end_pad")  # of the VAD events
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +65,7 @@ class LoopConfig:
 @dataclass
 class Engines:
     transcriber: Transcriber
-    llm: object  # voice.llm.LLMConversation (TokenStream + commit)
+    llm: Conversation
     tts: Synthesizer
     ack_pcm: np.ndarray | None = None  # the acknowledgement sound at tts.sample_rate
 
@@ -67,9 +80,8 @@ class _Response:
     stamps: dict = field(default_factory=dict)
     transcript: str = ""
     transcribed: bool = False
-    announced: int = 0  # phrases announced through on_event("phrase")
+    announced: int = 0  # phrases announced through PhraseStarted
     phrases: list[str] = field(default_factory=list)
-    spans: list[tuple[int, float, float]] = field(default_factory=list)  # (phrase index, start s, end s)
     held: list[tuple[int, np.ndarray]] = field(default_factory=list)
     released: bool = False
     answered: bool = False
@@ -81,62 +93,49 @@ class _Response:
 
 
 class VoiceLoop:
-    def __init__(self, engines: Engines, sink, clock, config: LoopConfig | None = None,
+    def __init__(self, engines: Engines, sink: Sink, clock: Clock, config: LoopConfig | None = None,
                  on_report: Callable[[TurnReport], None] | None = None,
                  on_partial: Callable[[str], None] | None = None,
-                 on_event: Callable[[str, dict], None] | None = None):
+                 on_event: Callable[[LoopEvent], None] | None = None):
         self.e = engines
         self.sink = sink
         self.clock = clock
         self.cfg = config or LoopConfig()
         self.on_report = on_report
         self.on_partial = on_partial  # speculative transcripts, while the user may still go on
-        #: Adapters (the server) follow a turn through ``on_event(kind, info)``: "speech_started"
-        #: {sample}, "speech_stopped" {first_voiced, last_voiced, sample}, "transcript" {text} (final, for the
-        #: confirmed answer), "response_started" {}, "phrase" {index, text} (just before its first
-        #: audio), "turn_end" {transcript, spoken, cancelled, reason, report}.  Samples are input
-        #: samples at ASR_RATE since the session began.
-        self.on_event = on_event
+        self.on_event = on_event  # the adapter follows a turn (voice.loop_events)
         self.vad = Endpointer(self.cfg.endpointer)
         self._vad_offset = 0  # input sample at which the current endpointer started
         self._ignoring = False  # an utterance over the answer, with barge-in off
         if self.cfg.endpointer.rate != ASR_RATE:
             raise ValueError(f"the loop runs its endpointer at {ASR_RATE} Hz")
         self.turns = TurnMachine()
+        self.input = InputBuffer(clock)
+        self.playout = Playout()  # in seconds on the clock
         self.reports: list[TurnReport] = []
-        self.barge_ins: list[dict] = []
-        self._resamplers: dict[int, Resampler] = {}
-        self._audio = np.zeros(ASR_RATE * 8, np.int16)  # input at ASR_RATE from sample self._base on, grown by doubling
-        self._base = 0
-        self._pos = 0  # samples at ASR_RATE fed so far
-        self._origin: float | None = None  # clock time of input sample 0
-        self._lag = 0  # samples the current input resampler still owes
+        self.barge_ins: list[BargeIn] = []
         self._trace: TurnTrace | None = None
-        self._task: _Response | None = None
-        self._spec: _Response | None = None
-        self._play_cursor = 0.0  # when the output is free again
-        self._ack_played = False
+        self._task: _Response | None = None  # the answer to the user's turn
+        self._spec: _Response | None = None  # a speculative answer, until the endpoint adopts or drops it
         self._n_turns = 0
         self.file_offsets: list[float] = []  # filled by drivers that play files
         self.non_speech = 0  # "utterances" whose transcript had no words
         self._prepare = False  # idle work pending: prefill the next turn's context
-        self._commit_base = 0  # manual turns: input from here on is the next utterance
 
-    def _emit(self, kind: str, **info) -> None:
+    def _emit(self, event: LoopEvent) -> None:
         if self.on_event is not None:
-            self.on_event(kind, info)
+            self.on_event(event)
 
     # -- time ---------------------------------------------------------------------------------
 
     def audio_time(self, sample: int) -> float:
-        """Clock time at which input sample ``sample`` (at ASR_RATE) was captured; a resampler's
-        filter delay is added back."""
-        return (self._origin or 0.0) + (sample + self._lag) / ASR_RATE
+        """Clock time at which input sample ``sample`` (at ASR_RATE) was captured."""
+        return self.input.audio_time(sample)
 
     @property
     def input_time(self) -> float:
         """Clock time of the end of the input fed so far."""
-        return (self._origin or 0.0) + (self._pos + self._lag) / ASR_RATE
+        return self.input.input_time
 
     @property
     def answering(self) -> bool:
@@ -153,7 +152,7 @@ class VoiceLoop:
     def buffered_s(self) -> float:
         """Seconds of input the unanswered utterance holds so far (what a server's buffer limit caps)."""
         if not self.cfg.turn_detection:
-            return (self._pos - self._commit_base) / ASR_RATE
+            return self.input.uncommitted_s
         if self._trace is None or self._task is not None or self.vad.state is VadState.SILENCE:
             return 0.0
         start = self._trace.stamps.get("speech_start")
@@ -167,25 +166,66 @@ class VoiceLoop:
 
     def feed(self, chunk: AudioChunk) -> None:
         """Input audio; any rate, any length."""
-        if self._origin is None:
-            self._origin = self.clock.now() - len(chunk.pcm) / chunk.rate if self.clock.realtime else 0.0
-        rs = self._resamplers.get(chunk.rate)
-        if rs is None:
-            rs = self._resamplers[chunk.rate] = Resampler(chunk.rate, ASR_RATE)
-        pcm = rs(chunk.pcm)
-        self._lag = rs.lag
-        self._store(pcm)
-        if self.clock.realtime and self.audio_time(self._pos) > self.clock.now():
-            # Input that arrives faster than real time (a client sending a file at once) cannot have
-            # been captured in the future: anchor its end at its arrival.
-            self._origin -= self.audio_time(self._pos) - self.clock.now()
+        pcm = self.input.append(chunk, may_forget=self._trace is None)
         self.vad.feed(pcm)
         for ev in self.vad.events():
-            if self._vad_offset:
-                ev = replace(ev, **{f.name: getattr(ev, f.name) + self._vad_offset for f in fields(ev)
-                                    if f.name in ("sample", "first_voiced_sample", "last_voiced_sample", "start_pad", "end_pad")})
-            self._on_vad(ev)
+            if self._vad_offset:  # the endpointer counts from its last restart
+                ev = replace(ev, **{f.name: getattr(ev, f.name) + self._vad_offset for f in fields(ev) if f.name in _SAMPLE_FIELDS})
+            self.on_vad(ev)
         self._housekeeping()
+
+    def on_vad(self, ev: VadEvent) -> None:
+        """React to one endpointer event (sample positions since the loop began).  ``feed`` hands over the endpointer's
+        own events; a test or another detector may call it directly."""
+        if not self.cfg.turn_detection:
+            return
+        now = self.clock.now()
+        busy = self.turns.state is not TurnState.LISTENING or (self._task and not self._task.finished)
+        if isinstance(ev, SpeechStarted) and busy and not self.cfg.barge_in:
+            self._ignoring = True
+        if self._ignoring:
+            if isinstance(ev, SpeechStopped):
+                self._ignoring = False
+            return
+        match ev:
+            case SpeechStarted():
+                self._speech_started(ev, now, bool(busy))
+            case Pause():
+                if self.cfg.speculative and self._trace is not None and self._task is None:
+                    self._spec = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=True)
+            case SpeechResumed():
+                self._drop_spec()
+            case SpeechStopped():
+                self._speech_stopped(ev, now)
+
+    def _speech_started(self, ev: SpeechStarted, now: float, busy: bool) -> None:
+        self._emit(UserSpeechStarted(first_voiced_sample=ev.first_voiced_sample, barge_in=busy))  # before the answer is cut
+        if busy:
+            self._barge_in(ev, now)
+        if self._trace is None:
+            self._new_trace()
+        self._trace.mark("speech_start", self.audio_time(ev.first_voiced_sample), overwrite=True)
+        self.turns.fire(TurnEvent.SPEECH_STARTED)
+
+    def _speech_stopped(self, ev: SpeechStopped, now: float) -> None:
+        if self._trace is None:  # stopped without a start we saw (e.g. after a reset)
+            return
+        self._trace.mark("last_voiced", self.audio_time(ev.last_voiced_sample), overwrite=True)
+        self._trace.mark("endpoint", max(now, self.audio_time(ev.sample)), overwrite=True)
+        self.turns.fire(TurnEvent.SPEECH_STOPPED)
+        self._emit(UserSpeechStopped(first_voiced_sample=ev.first_voiced_sample, last_voiced_sample=ev.last_voiced_sample,
+                                     endpoint_sample=ev.sample))
+        self.input.mark_committed()
+        spec, self._spec = self._spec, None
+        if spec is not None and spec.last_voiced == ev.last_voiced_sample:  # the speculation was right: adopt it
+            self._trace.mitigate("speculative")
+            self._task = spec
+            spec.speculative = False
+            self._release(spec)
+        else:
+            if spec is not None:
+                self._close(spec)
+            self._task = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=False)
 
     # -- control (the server's client events) --------------------------------------------------
 
@@ -199,7 +239,7 @@ class VoiceLoop:
 
     def _restart_vad(self, ecfg: EndpointerConfig | None = None) -> None:
         self.vad = Endpointer(ecfg or self.cfg.endpointer)
-        self._vad_offset = self._pos
+        self._vad_offset = self.input.end_sample
         self._ignoring = False
         self._drop_spec()
         if self._task is None:
@@ -208,15 +248,17 @@ class VoiceLoop:
     def clear_input(self) -> None:
         """Forget the input not yet answered (``input_audio_buffer.clear``)."""
         self._restart_vad()
-        self._commit_base = self._pos
+        self.input.mark_committed()
 
     def commit_input(self) -> bool:
         """End the user's turn now (manual turn detection): the input since the last commit is the
         utterance.  False when there is nothing to commit or an answer is still in progress."""
-        if self._task is not None or self._pos <= self._commit_base:
+        if self._task is not None:
             return False
-        first, last = self._commit_base, self._pos - 1
-        self._commit_base = self._pos
+        span = self.input.take_uncommitted()
+        if span is None:
+            return False
+        first, last = span
         self._drop_spec()
         self._restart_vad()
         now = self.clock.now()
@@ -225,7 +267,7 @@ class VoiceLoop:
         self._trace.mark("last_voiced", self.audio_time(last), overwrite=True)
         self._trace.mark("endpoint", max(now, self.audio_time(last)), overwrite=True)
         self.turns.fire(TurnEvent.SPEECH_STOPPED)
-        self._emit("speech_stopped", first_voiced=first, last_voiced=last, sample=self._pos)
+        self._emit(UserSpeechStopped(first_voiced_sample=first, last_voiced_sample=last, endpoint_sample=self.input.end_sample))
         self._task = self._start(first, last, speculative=False)
         return True
 
@@ -238,7 +280,8 @@ class VoiceLoop:
         self._new_trace()
         self._trace.mark("endpoint", self.clock.now(), overwrite=True)
         self.turns.fire(TurnEvent.SPEECH_STOPPED)
-        r = _Response(first_voiced=self._pos, last_voiced=self._pos, speculative=False, released=True)
+        end = self.input.end_sample
+        r = _Response(first_voiced=end, last_voiced=end, speculative=False, released=True)
         r.gen = self._respond(r, None, text=text)
         self._task = r
         return True
@@ -252,87 +295,18 @@ class VoiceLoop:
 
     def amend_reply(self, spoken: str) -> None:
         """The client says less of the last answer was heard (``conversation.item.truncate``)."""
-        amend = getattr(self.e.llm, "amend_last", None)
-        if amend is not None:
-            amend(spoken)
-            self._prepare = True
+        self.e.llm.amend_last(spoken)
+        self._prepare = True
 
     def _new_trace(self) -> None:
         self._n_turns += 1
         self._trace = TurnTrace(turn=self._n_turns, budget_ms=self.cfg.budget_ms)
-        self._ack_played = False
-
-    def _store(self, pcm: np.ndarray) -> None:
-        """Append input audio; keep the last ``_KEEP_AUDIO_S`` seconds once no turn needs more."""
-        used = self._pos - self._base
-        if used + len(pcm) > len(self._audio):
-            keep = _KEEP_AUDIO_S * ASR_RATE
-            if used > 2 * keep and self._trace is None:
-                self._audio[:keep] = self._audio[used - keep:used]
-                self._base += used - keep
-                used = keep
-            if used + len(pcm) > len(self._audio):
-                grown = np.zeros(max(2 * len(self._audio), used + len(pcm)), np.int16)
-                grown[:used] = self._audio[:used]
-                self._audio = grown
-        self._audio[used:used + len(pcm)] = pcm
-        self._pos += len(pcm)
-
-    def _utterance(self, first: int, last: int) -> np.ndarray:
-        pad = self.cfg.padding_ms * ASR_RATE // 1000
-        a = max(self._base, first - pad) - self._base
-        b = min(self._pos, last + pad) - self._base
-        return to_float(self._audio[a:b])
-
-    def _on_vad(self, ev) -> None:
-        now = self.clock.now()
-        if not self.cfg.turn_detection:
-            return
-        busy = self.turns.state is not TurnState.LISTENING or (self._task and not self._task.finished)
-        if isinstance(ev, SpeechStarted) and busy and not self.cfg.barge_in:
-            self._ignoring = True
-        if self._ignoring:
-            if isinstance(ev, SpeechStopped):
-                self._ignoring = False
-            return
-        if isinstance(ev, SpeechStarted):
-            self._emit("speech_started", sample=ev.first_voiced_sample, barge_in=bool(busy))  # before the answer is cut
-            if busy:
-                self._barge_in(ev, now)
-            if self._trace is None:
-                self._new_trace()
-            self._trace.mark("speech_start", self.audio_time(ev.first_voiced_sample), overwrite=True)
-            self.turns.fire(TurnEvent.SPEECH_STARTED)
-        elif isinstance(ev, Pause):
-            if self.cfg.speculative and self._trace is not None and self._task is None:
-                self._spec = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=True)
-        elif isinstance(ev, SpeechResumed):
-            self._drop_spec()
-        elif isinstance(ev, SpeechStopped):
-            if self._trace is None:  # stopped without a start we saw (e.g. after a reset)
-                return
-            self._trace.mark("last_voiced", self.audio_time(ev.last_voiced_sample), overwrite=True)
-            self._trace.mark("endpoint", max(now, self.audio_time(ev.sample)), overwrite=True)
-            self.turns.fire(TurnEvent.SPEECH_STOPPED)
-            self._emit("speech_stopped", first_voiced=ev.first_voiced_sample, last_voiced=ev.last_voiced_sample, sample=ev.sample)
-            self._commit_base = self._pos
-            spec = self._spec
-            self._spec = None
-            if spec is not None and spec.last_voiced == ev.last_voiced_sample:
-                self._trace.mitigate("speculative")
-                self._task = spec
-                spec.speculative = False
-                self._release(spec)
-            else:
-                if spec is not None:
-                    self._close(spec)
-                self._task = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=False)
 
     # -- responses ----------------------------------------------------------------------------
 
     def _start(self, first: int, last: int, speculative: bool) -> _Response:
         r = _Response(first_voiced=first, last_voiced=last, speculative=speculative, released=not speculative)
-        r.gen = self._respond(r, self._utterance(first, last))
+        r.gen = self._respond(r, self.input.utterance(first, last, self.cfg.padding_ms))
         return r
 
     def _drop_spec(self) -> None:
@@ -354,7 +328,8 @@ class VoiceLoop:
 
     def step(self) -> bool:
         """Advance the current response (the confirmed one first) by one piece of work; when
-        idle, prefill the context the next turn will start with."""
+        idle, prefill the context the next turn will start with.  Either way, look at the time
+        (an acknowledgement due, an answer played out)."""
         for r in (self._task, self._spec):
             if r is not None and not r.finished:
                 try:
@@ -432,9 +407,9 @@ class VoiceLoop:
 
     def _confirmed(self, r: _Response) -> None:
         """``r`` is the answer and its transcript is known: tell the adapter."""
-        self._emit("transcript", text=r.transcript)
+        self._emit(TranscriptFinal(text=r.transcript))
         if _has_words(r.transcript):
-            self._emit("response_started")
+            self._emit(ResponseStarted())
 
     def _release(self, r: _Response) -> None:
         """The endpoint confirmed ``r``: its held audio may play now."""
@@ -446,14 +421,15 @@ class VoiceLoop:
         r.held.clear()
 
     def _play(self, r: _Response, index: int, pcm: np.ndarray) -> None:
-        rate = self.e.tts.sample_rate
-        t = max(self.clock.now(), self._play_cursor)
+        announced = []
         while r.announced <= index:
-            self._emit("phrase", index=r.announced, text=r.phrases[r.announced])
+            announced.append((r.announced, r.phrases[r.announced]))
+            self.playout.begin_phrase(r.phrases[r.announced])
             r.announced += 1
+        t = self.playout.play(self.clock.now(), len(pcm) / self.e.tts.sample_rate)
+        for i, text in announced:
+            self._emit(PhraseStarted(index=i, text=text, start_s=t))
         self.sink.play(t, pcm)
-        self._play_cursor = t + len(pcm) / rate
-        r.spans.append((index, t, self._play_cursor))
         if not r.answered:
             r.answered = True
             self._trace.mark("answer_audio", t)
@@ -467,16 +443,14 @@ class VoiceLoop:
         if r is None or tr is None:
             return
         now = self.clock.now()
-        if self.cfg.ack and not r.answered and not self._ack_played and self.e.ack_pcm is not None:
+        if self.cfg.ack and not r.answered and "ack" not in tr.mitigations and self.e.ack_pcm is not None:
             lv = tr.stamps.get("last_voiced")
             if lv is not None and now >= lv + self.cfg.ack_after_ms / 1000:
-                t = max(now, self._play_cursor)
+                t = self.playout.schedule(now, len(self.e.ack_pcm) / self.e.tts.sample_rate)
                 self.sink.play(t, self.e.ack_pcm)
-                self._play_cursor = t + len(self.e.ack_pcm) / self.e.tts.sample_rate
                 tr.mark("first_audio", t)
                 tr.mitigate("ack")
-                self._ack_played = True
-        if r.finished and now >= self._play_cursor:
+        if r.finished and now >= self.playout.cursor:
             if not r.answered:
                 self.turns.fire(TurnEvent.NO_ANSWER)
             else:
@@ -489,41 +463,35 @@ class VoiceLoop:
             tr.mark(k, v)
         tr.transcript = r.transcript
         tr.reply = spoken
-        tr.mark("done", cut_at if cut_at is not None else max(self.clock.now(), self._play_cursor))
+        tr.mark("done", cut_at if cut_at is not None else max(self.clock.now(), self.playout.cursor))
+        self.playout.next_answer()
         self._task = None
         self._trace = None
         if not _has_words(r.transcript):  # a noise, a breath, a click: not a user turn
             self.non_speech += 1
-            self._emit("turn_end", transcript=r.transcript, spoken="", cancelled=reason is not None, reason=reason, report=None)
+            self._emit(TurnEnded(transcript=r.transcript, spoken="", reason=reason, report=None))
             return
         self.e.llm.commit(r.transcript, spoken)
         self._prepare = True
         report = tr.report()
         if "last_voiced" in tr.stamps:  # typed turns have no voice-to-voice: kept out of the voice figures
             self.reports.append(report)
-        self._emit("turn_end", transcript=r.transcript, spoken=spoken, cancelled=reason is not None, reason=reason, report=report)
+        self._emit(TurnEnded(transcript=r.transcript, spoken=spoken, reason=reason, report=report))
         if self.on_report:
             self.on_report(report)
 
     def _barge_in(self, ev: SpeechStarted, now: float) -> None:
         """The user speaks over the answer: stop the audio, keep what was heard."""
-        self.barge_ins.append({"speech_at": self.audio_time(ev.first_voiced_sample),
-                               "detected_at": self.audio_time(ev.sample), "stopped_at": now})
+        self.barge_ins.append(BargeIn(speech_s=self.audio_time(ev.first_voiced_sample), detected_s=self.audio_time(ev.sample),
+                                      stopped_s=now))
         self._interrupt(now, "turn_detected")
 
     def _interrupt(self, now: float, reason: str) -> None:
         r = self._task
         self.sink.clear_after(now)
-        self._play_cursor = min(self._play_cursor, now)
-        heard = []
+        self.playout.stop(now)
+        heard = self.playout.heard(now)
         if r is not None:
-            for index, text in enumerate(r.phrases):
-                spans = [(a, b) for i, a, b in r.spans if i == index]
-                if not spans:
-                    continue
-                total = sum(b - a for a, b in spans)
-                played = sum(max(0.0, min(b, now) - a) for a, b in spans)
-                heard.append(_prefix_words(text, played / total if total > 0 else 0.0))
             self._close(r)
         self._drop_spec()
         if self._trace is not None and r is not None:
@@ -531,7 +499,7 @@ class VoiceLoop:
             if reason != "turn_detected":
                 self._trace.mitigate("cancelled")
             self.turns.fire(TurnEvent.BARGE_IN)
-            self._finish_turn(r, spoken=" ".join(h for h in heard if h), cut_at=now, reason=reason)
+            self._finish_turn(r, spoken=heard, cut_at=now, reason=reason)
         elif self.turns.can(TurnEvent.BARGE_IN):
             self.turns.fire(TurnEvent.BARGE_IN)
 
@@ -548,25 +516,42 @@ class VoiceLoop:
         end = self.input_time + max_s
         while (self.has_work() or self.speaking or self._task is not None or self.vad.state is not VadState.SILENCE) \
                 and self.input_time < end:
-            feed_silence(self, silence, n)
+            run_until(self, self.input_time + n / ASR_RATE)
+            self.feed(AudioChunk(silence, ASR_RATE, 0))
 
 
-def feed_silence(loop: VoiceLoop, silence: np.ndarray, n: int) -> None:
-    t = loop.input_time + n / ASR_RATE
-    while loop.clock.now() < t and loop.has_work():
+# -- drivers -----------------------------------------------------------------------------------
+
+
+def run_until(loop: VoiceLoop, t: float, poll: Callable[[float], object] | None = None) -> None:
+    """Work on ``loop``, one piece at a time, until its clock reaches ``t`` or it has no work left; then let the clock
+    reach ``t``.
+
+    Without ``poll`` (input that is due at known times: a file, silence) the clock is advanced to ``t`` (a virtual clock
+    jumps, the real one sleeps), and the caller then feeds the input due at ``t``.
+
+    A live driver (a microphone, a websocket) passes ``poll(timeout_s)``, which feeds the loop whatever input arrives
+    within ``timeout_s`` and returns as soon as some did: it is called with 0 after each piece of work (input, and so a
+    barge-in, is seen within one piece), then with the time left until ``t`` (the idle wait, which input cuts short;
+    the clock is the caller's real one and is not advanced), and then ``loop.step()`` lets the loop see the time that
+    passed (an acknowledgement due, an answer that finished playing) or start on the new input."""
+    clock = loop.clock
+    while clock.now() < t and loop.has_work():
         loop.step()
-    loop.clock.advance_to(t)
-    loop.feed(AudioChunk(silence, ASR_RATE, 0))
+        if poll is not None:
+            poll(0.0)
+    if poll is None:
+        clock.advance_to(t)
+    else:
+        poll(max(0.0, t - clock.now()))
+        loop.step()
 
 
-def run_stream(loop: VoiceLoop, chunks, drain: bool = True) -> None:
+def run_stream(loop: VoiceLoop, chunks: Iterable[AudioChunk], drain: bool = True) -> None:
     """Drive ``loop`` with input chunks arriving at their audio time on ``loop.clock``:
     work fills the time between chunks; a chunk that arrives during work waits for it."""
     for chunk in chunks:
-        t = loop.input_time + len(chunk.pcm) / chunk.rate
-        while loop.clock.now() < t and loop.has_work():
-            loop.step()
-        loop.clock.advance_to(t)
+        run_until(loop, loop.input_time + len(chunk.pcm) / chunk.rate)
         loop.feed(chunk)
     if drain:
         loop.drain()
@@ -574,10 +559,3 @@ def run_stream(loop: VoiceLoop, chunks, drain: bool = True) -> None:
 
 def _has_words(text: str) -> bool:
     return bool(re.search(r"\w", text or ""))
-
-
-def _prefix_words(text: str, fraction: float) -> str:
-    if fraction >= 0.999:
-        return text
-    words = text.split()
-    return " ".join(words[: int(len(words) * max(0.0, fraction))])

@@ -1,8 +1,10 @@
-"""The small protocols the pipeline's engines implement (real engines behind each)."""
+"""The small protocols the voice loop's collaborators implement: the engines (real ones behind each), the clock it runs on
+and the sink it plays into."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -37,3 +39,37 @@ class TokenStream(Protocol):
     """A conversation with the LLM: text pieces of the reply to a user turn, as they come."""
 
     def reply(self, user_text: str) -> Iterator[str]: ...
+
+
+class Conversation(TokenStream, Protocol):
+    """The LLM's side of the conversation (``voice.llm.LLMConversation``): ``reply`` streams the answer to a user turn,
+    ``commit`` records the turn as it was heard, ``amend_last`` shortens the last recorded answer (less of it was heard),
+    ``prepare`` prefills the context the next turn starts with and returns the tokens computed."""
+
+    def commit(self, user_text: str, spoken: str) -> None: ...
+
+    def amend_last(self, spoken: str) -> None: ...
+
+    def prepare(self) -> int: ...
+
+
+class Clock(Protocol):
+    """Seconds since the session began (``voice.clock``).  ``advance_to(t)`` lets time reach ``t`` (the real clock waits,
+    a virtual one jumps); compute runs inside ``with working():`` (a virtual clock adds its duration)."""
+
+    realtime: bool
+
+    def now(self) -> float: ...
+
+    def advance_to(self, t: float) -> None: ...
+
+    def working(self) -> AbstractContextManager[None]: ...
+
+
+class Sink(Protocol):
+    """Where the agent's audio goes: ``play`` PCM16 at ``Synthesizer.sample_rate`` starting at clock time ``t``;
+    ``clear_after(t)`` drops what would play after ``t`` (a barge-in)."""
+
+    def play(self, t: float, pcm: np.ndarray) -> None: ...
+
+    def clear_after(self, t: float) -> None: ...

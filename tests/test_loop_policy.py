@@ -1,0 +1,504 @@
+"""The voice loop's turn policy without engines: speculation, barge-in and the acknowledgement, driven by hand-made
+endpointer events (``loop.on_vad``) on a virtual clock, with stand-ins for the transcriber, the LLM and the voice.
+
+The stand-ins are not engines (the real ones are tested in test_voice_e2e.py): each returns scripted output and
+charges a fixed compute time to the clock, so every event, span and report figure below is exact.  Also here: the
+``Playout`` and ``InputBuffer`` parts the loop delegates to, the ``run_until`` driver, and the collaborator protocols
+against the real classes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from voice.audio import AudioChunk, chunks
+from voice.clock import RealClock, VirtualClock
+from voice.loop import Engines, LoopConfig, VoiceLoop, run_stream, run_until
+from voice.loop_events import (
+    BargeIn,
+    LoopEvent,
+    PhraseStarted,
+    ResponseStarted,
+    TranscriptFinal,
+    TurnEnded,
+    UserSpeechStarted,
+    UserSpeechStopped,
+)
+from voice.playout import Playout
+from voice.protocols import ASR_RATE, Transcript
+from voice.turns import TurnState
+from voice.vad import Pause, SpeechResumed, SpeechStarted, SpeechStopped
+
+# -- stand-ins ---------------------------------------------------------------------------------------------------------
+
+
+class StandInClock(VirtualClock):
+    """A virtual clock on which work costs exactly what the stand-ins ``spend``, never the wall time it took."""
+
+    @contextmanager
+    def working(self):
+        yield
+
+    def spend(self, s: float) -> None:
+        self.advance_to(self.now() + s)
+
+
+class ScriptedTranscriber:
+    """Stand-in ASR: the next scripted text for each utterance, 50 ms each; keeps the length of every utterance."""
+
+    def __init__(self, clock: StandInClock, texts: list[str], cost_s: float = 0.05):
+        self.clock, self.texts, self.cost_s = clock, list(texts), cost_s
+        self.heard: list[int] = []  # samples of each utterance transcribed
+
+    def transcribe(self, audio: np.ndarray) -> Transcript:
+        self.clock.spend(self.cost_s)
+        self.heard.append(len(audio))
+        return Transcript(text=self.texts.pop(0), audio_s=len(audio) / ASR_RATE, compute_ms=self.cost_s * 1000)
+
+
+class ScriptedConversation:
+    """Stand-in LLM: the scripted reply to each user text, word by word; 40 ms to the first word, 10 ms each after."""
+
+    def __init__(self, clock: StandInClock, replies: dict[str, str]):
+        self.clock, self.replies = clock, replies
+        self.opened: list[str] = []
+        self.closed_early: list[str] = []  # streams closed before their last word
+        self.commits: list[tuple[str, str]] = []
+        self.amended: list[str] = []
+        self.prepared = 0
+
+    def reply(self, user_text: str):
+        self.opened.append(user_text)
+        words = self.replies[user_text].split()
+        done = False
+        try:
+            for i, w in enumerate(words):
+                self.clock.spend(0.04 if i == 0 else 0.01)
+                yield (" " if i else "") + w
+            done = True
+        finally:
+            if not done:
+                self.closed_early.append(user_text)
+
+    def commit(self, user_text: str, spoken: str) -> None:
+        self.commits.append((user_text, spoken))
+
+    def amend_last(self, spoken: str) -> None:
+        self.amended.append(spoken)
+
+    def prepare(self) -> int:
+        self.prepared += 1
+        return 0
+
+
+class ToneSynthesizer:
+    """Stand-in voice at 1 kHz: one chunk per phrase, 250 ms of tone per word, 20 ms to make."""
+
+    sample_rate = 1000
+
+    def __init__(self, clock: StandInClock):
+        self.clock = clock
+
+    def synthesize(self, text: str):
+        self.clock.spend(0.02)
+        yield np.full(250 * len(text.split()), 1000, np.int16)
+
+
+class RecordingSink:
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def play(self, t: float, pcm: np.ndarray) -> None:
+        self.calls.append(("play", round(t, 6), len(pcm)))
+
+    def clear_after(self, t: float) -> None:
+        self.calls.append(("clear_after", round(t, 6)))
+
+
+# -- the scene: one question, spoken from 0.5 s to 1.5 s -----------------------------------------------------------
+
+QUESTION = "What time do you open?"
+ANSWER = "Sure. We open at nine."  # phrases "Sure." (250 ms of audio) and "We open at nine." (1 s)
+FIRST, LAST = 8000, 23999  # voiced samples
+STARTED = SpeechStarted(sample=9600, first_voiced_sample=FIRST)  # decided at 0.6 s
+PAUSED = Pause(sample=25920, first_voiced_sample=FIRST, last_voiced_sample=LAST, start_pad=4800, end_pad=25920)  # 1.62 s
+STOPPED = SpeechStopped(sample=30400, first_voiced_sample=FIRST, last_voiced_sample=LAST, start_pad=4800, end_pad=27200)  # 1.9 s
+
+
+class Scene:
+    def __init__(self, config: LoopConfig | None = None, texts=(QUESTION,), replies=None, asr_cost_s: float = 0.05,
+                 ack_pcm: np.ndarray | None = None):
+        self.clock = StandInClock()
+        self.asr = ScriptedTranscriber(self.clock, list(texts), asr_cost_s)
+        self.llm = ScriptedConversation(self.clock, replies or {QUESTION: ANSWER})
+        self.sink = RecordingSink()
+        self.events: list[LoopEvent] = []
+        self.partials: list[str] = []
+        engines = Engines(transcriber=self.asr, llm=self.llm, tts=ToneSynthesizer(self.clock), ack_pcm=ack_pcm)
+        self.loop = VoiceLoop(engines, self.sink, self.clock, config or LoopConfig(), on_event=self.events.append,
+                              on_partial=self.partials.append)
+
+    def silence_until(self, sample: int) -> None:
+        """Input (silent: the real endpointer hears nothing) in 20 ms chunks up to ``sample``, through the real driver."""
+        n = sample - self.loop.input.end_sample
+        assert n >= 0
+        run_stream(self.loop, chunks(np.zeros(n, np.int16), ASR_RATE, 20), drain=False)
+
+    def at(self, sample: int, ev) -> None:
+        self.silence_until(sample)
+        self.loop.on_vad(ev)
+
+    def kinds(self) -> list[str]:
+        return [type(e).__name__ for e in self.events]
+
+
+def _approx(x):
+    return pytest.approx(x, abs=1e-9)
+
+
+# -- speculation -------------------------------------------------------------------------------------------------------
+
+
+def test_speculation_holds_its_audio_until_the_endpoint_adopts_it():
+    s = Scene()
+    s.at(STARTED.sample, STARTED)
+    s.at(PAUSED.sample, PAUSED)  # a speculative answer starts ...
+    s.silence_until(STOPPED.sample)
+    assert s.asr.heard == [PAUSED.sample - (FIRST - 3200)]  # the utterance so far, with 200 ms before it
+    assert s.partials == [QUESTION] and s.llm.opened == [QUESTION]
+    assert s.sink.calls == []  # ... and is ready, but held back
+    assert s.kinds() == ["UserSpeechStarted"]
+    s.loop.on_vad(STOPPED)  # the same last voiced sample: adopted, its audio plays at once
+    assert s.events[1:] == [
+        UserSpeechStopped(first_voiced_sample=FIRST, last_voiced_sample=LAST, endpoint_sample=STOPPED.sample),
+        TranscriptFinal(text=QUESTION),
+        ResponseStarted(),
+        PhraseStarted(index=0, text="Sure.", start_s=_approx(1.9)),
+        PhraseStarted(index=1, text="We open at nine.", start_s=_approx(2.15)),
+    ]
+    assert s.sink.calls == [("play", 1.9, 250), ("play", 2.15, 1000)]
+    s.loop.finish()
+    end = s.events[-1]
+    assert isinstance(end, TurnEnded) and len(s.events) == 7
+    assert (end.transcript, end.spoken, end.reason, end.cancelled) == (QUESTION, ANSWER, None, False)
+    r = end.report
+    assert s.loop.reports == [r] and r.mitigations == ("speculative",) and not r.barge_in
+    assert r.stamps == {"speech_start": _approx(0.5), "last_voiced": _approx(LAST / ASR_RATE), "endpoint": _approx(1.9),
+                        "transcript": _approx(1.67), "first_token": _approx(1.71), "first_phrase": _approx(1.72),
+                        "tts_first_audio": _approx(1.74), "answer_audio": _approx(1.9), "first_audio": _approx(1.9),
+                        "done": _approx(3.16)}  # played out at 3.15 s, seen at the next 20 ms of input
+    lat = r.latency_ms
+    assert lat["asr_ms"] == _approx(-230.0) and lat["hold_ms"] == _approx(160.0)
+    assert lat["voice_to_voice_ms"] == _approx(400.0625) and r.within_budget
+    assert s.llm.commits == [(QUESTION, ANSWER)] and s.llm.closed_early == []
+    assert s.llm.prepared == 1  # the next turn's context, prefilled while idle
+    assert s.loop.turns.state is TurnState.LISTENING
+
+
+def test_resumed_speech_drops_the_speculation_and_a_later_pause_speculates_again():
+    s = Scene(texts=("What time", QUESTION), replies={"What time": "Any time.", QUESTION: ANSWER})
+    s.at(STARTED.sample, STARTED)
+    s.at(PAUSED.sample, PAUSED)
+    s.silence_until(27200)  # 1.7 s: transcribed, the LLM's first word on its way
+    s.loop.on_vad(SpeechResumed(sample=27200))
+    assert s.llm.closed_early == ["What time"]
+    last = 35199  # the voice goes on to 2.2 s
+    s.at(38720, Pause(sample=38720, first_voiced_sample=FIRST, last_voiced_sample=last, start_pad=4800, end_pad=38720))
+    s.at(43200, SpeechStopped(sample=43200, first_voiced_sample=FIRST, last_voiced_sample=last, start_pad=4800, end_pad=38400))
+    s.loop.finish()
+    assert s.partials == ["What time", QUESTION]
+    assert s.asr.heard == [25920 - 4800, last + 3200 - 4800]
+    assert s.kinds() == ["UserSpeechStarted", "UserSpeechStopped", "TranscriptFinal", "ResponseStarted", "PhraseStarted",
+                         "PhraseStarted", "TurnEnded"]
+    assert s.events[2] == TranscriptFinal(text=QUESTION)
+    assert [c[1] for c in s.sink.calls] == [_approx(2.7), _approx(2.95)]  # nothing of the dropped answer played
+    (r,) = s.loop.reports
+    assert r.transcript == QUESTION and r.reply == ANSWER and r.mitigations == ("speculative",)
+    assert s.llm.commits == [(QUESTION, ANSWER)]
+
+
+def test_a_stop_at_another_last_voiced_sample_answers_afresh():
+    s = Scene(texts=("What time", QUESTION), replies={"What time": "Any time.", QUESTION: ANSWER})
+    s.at(STARTED.sample, STARTED)
+    s.at(PAUSED.sample, PAUSED)
+    later = replace_stop(last=26000)
+    s.at(later.sample, later)
+    s.loop.finish()
+    assert s.asr.heard == [25920 - 4800, 26000 + 3200 - 4800]  # the speculation, then the whole utterance padded
+    (r,) = s.loop.reports
+    assert r.transcript == QUESTION and r.mitigations == () and r.latency_ms["asr_ms"] == _approx(50.0)
+    assert r.stamps["answer_audio"] > r.stamps["endpoint"]
+
+
+def replace_stop(last: int) -> SpeechStopped:
+    return SpeechStopped(sample=last + 6401, first_voiced_sample=FIRST, last_voiced_sample=last, start_pad=4800,
+                         end_pad=last + 3201)
+
+
+def test_without_speculation_a_pause_starts_nothing():
+    s = Scene(LoopConfig(speculative=False))
+    s.at(STARTED.sample, STARTED)
+    s.at(PAUSED.sample, PAUSED)
+    s.silence_until(STOPPED.sample)
+    assert s.asr.heard == [] and not s.loop.has_work()
+    s.loop.on_vad(STOPPED)
+    s.loop.finish()
+    assert s.asr.heard == [LAST + 3200 - 4800]
+    (r,) = s.loop.reports
+    assert r.mitigations == () and r.stamps["transcript"] == _approx(1.95)
+
+
+# -- barge-in ----------------------------------------------------------------------------------------------------------
+
+
+def _answering_scene(config: LoopConfig | None = None) -> Scene:
+    """The answer plays from 1.9 s: "Sure." to 2.15 s, "We open at nine." to 3.15 s."""
+    s = Scene(config, texts=(QUESTION, "Stop."), replies={QUESTION: ANSWER, "Stop.": "Okay."})
+    s.at(STARTED.sample, STARTED)
+    s.at(PAUSED.sample, PAUSED)
+    s.at(STOPPED.sample, STOPPED)
+    return s
+
+
+def test_speech_over_the_answer_stops_it_and_keeps_what_was_heard():
+    s = _answering_scene()
+    n = len(s.events)
+    s.at(42400, SpeechStarted(sample=42400, first_voiced_sample=40000))  # 2.65 s: half of "We open at nine." played
+    first, second = s.events[n:]
+    assert first == UserSpeechStarted(first_voiced_sample=40000, barge_in=True)
+    assert isinstance(second, TurnEnded)
+    assert (second.spoken, second.reason, second.cancelled) == ("Sure. We open", "turn_detected", True)
+    assert second.report.barge_in and second.report.reply == "Sure. We open"
+    assert second.report.stamps["done"] == _approx(2.65)
+    assert s.sink.calls[-1] == ("clear_after", 2.65)
+    assert s.loop.barge_ins == [BargeIn(speech_s=2.5, detected_s=2.65, stopped_s=2.65)]
+    assert s.llm.commits == [(QUESTION, "Sure. We open")]  # the history keeps only what was heard
+    # the interruption is the next turn
+    assert s.loop.answering is False and s.loop.turns.state is TurnState.LISTENING
+    s.at(48000, SpeechStopped(sample=48000, first_voiced_sample=40000, last_voiced_sample=43199, start_pad=36800,
+                              end_pad=46400))
+    s.loop.finish()
+    assert [r.transcript for r in s.loop.reports] == [QUESTION, "Stop."]
+    assert s.loop.reports[1].stamps["speech_start"] == _approx(2.5) and not s.loop.reports[1].barge_in
+
+
+def test_with_barge_in_off_speech_over_the_answer_is_ignored():
+    s = _answering_scene(LoopConfig(barge_in=False))
+    n = len(s.events)
+    s.at(42400, SpeechStarted(sample=42400, first_voiced_sample=40000))
+    s.at(48000, SpeechStopped(sample=48000, first_voiced_sample=40000, last_voiced_sample=43199, start_pad=36800,
+                              end_pad=46400))
+    assert s.kinds()[n:] == []  # 3.0 s: the answer plays on; the speech over it made no turn
+    s.loop.finish()
+    assert s.kinds()[n:] == ["TurnEnded"]
+    end = s.events[-1]
+    assert (end.spoken, end.reason) == (ANSWER, None) and end.report.stamps["done"] == _approx(3.16)
+    assert len(s.loop.reports) == 1 and s.loop.barge_ins == [] and s.asr.heard == [21120]
+    assert not any(c[0] == "clear_after" for c in s.sink.calls)
+
+
+def test_cancel_keeps_what_was_heard_and_amend_reaches_the_conversation():
+    s = _answering_scene()
+    s.silence_until(40000)  # 2.5 s
+    assert s.loop.cancel()
+    end = s.events[-1]
+    assert (end.spoken, end.reason) == ("Sure. We", "client_cancelled")  # 0.35 s of 1 s played: 1 of 4 words
+    assert end.report.mitigations == ("speculative", "cancelled") and not end.report.barge_in
+    assert not s.loop.cancel()  # nothing left to cancel
+    s.loop.amend_reply("Sure.")
+    assert s.llm.amended == ["Sure."]
+
+
+# -- acknowledgement ---------------------------------------------------------------------------------------------------
+
+ACK = np.full(100, 7, np.int16)  # 100 ms at the voice's 1 kHz
+
+
+def test_a_late_answer_is_covered_by_the_acknowledgement_which_is_not_the_answer():
+    s = Scene(LoopConfig(ack=True, ack_after_ms=500, speculative=False), asr_cost_s=0.3, ack_pcm=ACK)
+    s.at(STARTED.sample, STARTED)
+    s.at(STOPPED.sample, STOPPED)
+    s.loop.finish()
+    # the transcription ends at 2.2 s, past last voiced + 500 ms: the ack plays then, the answer after it
+    assert s.sink.calls == [("play", 2.2, 100), ("play", 2.3, 250), ("play", 2.55, 1000)]
+    assert s.kinds() == ["UserSpeechStarted", "UserSpeechStopped", "TranscriptFinal", "ResponseStarted", "PhraseStarted",
+                         "PhraseStarted", "TurnEnded"]
+    (r,) = s.loop.reports
+    assert r.mitigations == ("ack",) and r.reply == ANSWER
+    assert r.stamps["first_audio"] == _approx(2.2) and r.stamps["answer_audio"] == _approx(2.3)
+    assert r.latency_ms["first_audio_ms"] == _approx(700.0625) and r.voice_to_voice_ms == _approx(800.0625)
+    assert not r.within_budget  # the ack does not count as the answer
+
+
+def test_no_acknowledgement_when_the_answer_comes_in_time():
+    s = Scene(LoopConfig(ack=True, ack_after_ms=800, speculative=False), ack_pcm=ACK)
+    s.at(STARTED.sample, STARTED)
+    s.at(STOPPED.sample, STOPPED)
+    s.loop.finish()
+    assert s.sink.calls == [("play", 2.02, 250), ("play", 2.27, 1000)]  # answer audio 520 ms after the last voiced sample
+    (r,) = s.loop.reports
+    assert r.mitigations == () and r.stamps["first_audio"] == r.stamps["answer_audio"]
+
+
+def test_a_turn_without_words_is_no_turn():
+    s = Scene(texts=("  ",))
+    s.at(STARTED.sample, STARTED)
+    s.at(STOPPED.sample, STOPPED)
+    s.loop.finish()
+    assert s.kinds() == ["UserSpeechStarted", "UserSpeechStopped", "TranscriptFinal", "TurnEnded"]
+    assert s.events[-1] == TurnEnded(transcript="", spoken="", reason=None, report=None)
+    assert s.loop.reports == [] and s.loop.non_speech == 1 and s.llm.opened == [] and s.sink.calls == []
+
+
+def test_every_event_is_a_loop_event():
+    s = _answering_scene()
+    s.loop.finish()
+    assert s.events and all(isinstance(e, LoopEvent) for e in s.events)
+    with pytest.raises(AttributeError):  # frozen
+        s.events[0].barge_in = True
+
+
+# -- Playout -----------------------------------------------------------------------------------------------------------
+
+
+def test_playout_in_seconds_queues_after_the_cursor_and_cuts():
+    p = Playout()
+    p.begin_phrase("one two")
+    assert p.play(1.0, 0.5) == 1.0
+    assert p.schedule(1.2, 0.1) == 1.5  # (an acknowledgement: queued, no words)
+    assert p.play(1.0, 0.5) == 1.6 and p.cursor == 2.1
+    p.begin_phrase("three four five six")
+    assert p.play(3.0, 1.0) == 3.0
+    assert p.heard(0.9) == ""
+    assert p.heard(1.3) == ""  # 0.3 of its 1.0 s of audio: int(2 * 0.3) = 0 words
+    assert p.heard(1.8) == "one"  # 0.7 of it (the gap does not count)
+    assert p.heard(2.1) == "one two"
+    assert p.heard(3.5) == "one two three four"
+    p.stop(3.5)
+    assert p.cursor == 3.5
+    assert p.heard(10.0) == "one two three four five six"  # what was queued is what it knows; the caller cuts at the stop
+    p.next_answer()
+    assert p.heard(10.0) == "" and p.cursor == 3.5
+    with pytest.raises(ValueError):
+        p.play(4.0, 1.0)
+
+
+def test_playout_in_output_samples_as_the_server_counts():
+    p = Playout()
+    p.begin_phrase("Sure.")
+    p.play(1000, 4800)  # output samples since the session began
+    p.begin_phrase("We open at nine.")
+    p.play(5800, 9600)
+    p.play(15400, 9600)
+    assert p.heard(5800) == "Sure."
+    assert p.heard(5800 + 9600) == "Sure. We open"
+    assert p.heard(5800 + 19000) == "Sure. We open at"
+    assert p.heard(5800 + 19199) == "Sure. We open at nine."  # within 0.1 % of its end: whole
+    assert p.heard(25000) == "Sure. We open at nine."
+
+
+# -- run_until ---------------------------------------------------------------------------------------------------------
+
+
+class CountingLoop:
+    """Stand-in for a loop: ``work`` pieces of 30 ms each."""
+
+    def __init__(self, work: int):
+        self.clock = StandInClock()
+        self.work = work
+        self.steps = 0
+
+    def has_work(self) -> bool:
+        return self.work > 0
+
+    def step(self) -> bool:
+        self.steps += 1
+        if self.work:
+            self.work -= 1
+            self.clock.spend(0.03)
+            return True
+        return False
+
+
+def test_run_until_works_until_t_then_advances_the_clock():
+    loop = CountingLoop(work=10)
+    run_until(loop, 0.1)
+    assert loop.steps == 4 and loop.clock.now() == _approx(0.12)  # the piece that crossed t is finished
+    run_until(loop, 0.11)
+    assert loop.steps == 4  # late already: input first
+    loop.work = 1
+    run_until(loop, 1.0)
+    assert loop.steps == 5 and loop.clock.now() == 1.0  # no work left: the clock goes to t
+
+
+def test_run_until_with_poll_reads_input_between_pieces_and_waits_in_it():
+    loop = CountingLoop(work=2)
+    calls = []
+    run_until(loop, 0.5, poll=calls.append)
+    assert calls == [0.0, 0.0, _approx(0.44)]  # after each piece, then the idle wait
+    assert loop.steps == 3  # and one look at the time after the wait
+    assert loop.clock.now() == _approx(0.06)  # a live driver's clock is not advanced
+
+
+def test_the_real_clock_waits_in_run_until():
+    loop = CountingLoop(work=0)
+    loop.clock = RealClock()
+    t = loop.clock.now() + 0.02
+    run_until(loop, t)
+    assert loop.clock.now() >= t
+
+
+def test_chunking_does_not_change_the_turn():
+    """The same scene fed in 20 ms chunks and in 7 ms chunks gives the same events (at 20 ms boundaries)."""
+    results = []
+    for chunk_ms in (20, 7):
+        s = Scene()
+        for sample, ev in ((STARTED.sample, STARTED), (PAUSED.sample, PAUSED), (STOPPED.sample, STOPPED)):
+            n = sample - s.loop.input.end_sample
+            run_stream(s.loop, chunks(np.zeros(n, np.int16), ASR_RATE, chunk_ms), drain=False)
+            s.loop.on_vad(ev)
+        s.loop.finish()
+        results.append([type(e).__name__ for e in s.events] + [s.loop.reports[0].reply])
+    assert results[0] == results[1]
+
+
+def test_input_at_another_rate_is_timed_with_its_resampler_lag():
+    s = Scene()
+    s.loop.feed(AudioChunk(np.zeros(4410, np.int16), 44100, 0))
+    lag = s.loop.input.lag_samples
+    assert lag > 0 and s.loop.input.end_sample + lag == 1600
+    assert s.loop.audio_time(0) == _approx(lag / ASR_RATE) and s.loop.input_time == _approx(0.1)
+
+
+# -- the protocols, against the real classes (not instantiated) --------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol_name, cls_path", [
+    ("Conversation", "voice.llm:LLMConversation"),
+    ("Conversation", "voice.engines:_ComputeLLM"),
+    ("Clock", "voice.clock:RealClock"),
+    ("Clock", "voice.clock:VirtualClock"),
+    ("Sink", "voice.audio:BufferSink"),
+    ("Sink", "voice.audio:TeeSink"),
+    ("Sink", "voice.devices:Speaker"),
+    ("Sink", "server.session:RealtimeSession"),
+])
+def test_the_real_collaborators_have_the_protocols_methods(protocol_name, cls_path):
+    import importlib
+
+    import voice.protocols as protocols
+
+    proto = getattr(protocols, protocol_name)
+    mod, name = cls_path.split(":")
+    cls = getattr(importlib.import_module(mod), name)
+    members = [m for m in dir(proto) if not m.startswith("_")] + [m for m in proto.__annotations__]
+    for m in members:
+        assert hasattr(cls, m) or m in getattr(cls, "__annotations__", {}), (cls_path, m)
+        want = getattr(proto, m, None)
+        if callable(want):
+            got = inspect.signature(getattr(cls, m))
+            assert list(got.parameters) == list(inspect.signature(want).parameters), (cls_path, m)

@@ -1,0 +1,110 @@
+"""The voice loop's input: audio at ``ASR_RATE`` addressed by its position in the stream, and the clock time of each sample.
+
+``append(chunk)`` takes a chunk at any rate (one streaming resampler per input rate) and stores it at ``ASR_RATE``;
+``utterance(first, last, padding_ms)`` cuts a turn's audio out again.  Memory stays bounded: when the caller says no turn
+needs older audio, only the last ``keep_s`` seconds are kept (positions stay those of the whole stream).
+
+Time: sample 0 is clock time 0 on a virtual clock.  Live input (``clock.realtime``) anchors sample 0 at the arrival of the
+first chunk, and input that arrives faster than real time (a client sending a file at once) is re-anchored so that it ends
+at its arrival: it cannot have been captured in the future.  ``audio_time`` adds the current resampler's filter delay back.
+
+Manual turns (no turn detection): ``commit_sample`` is where the next committed utterance starts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .audio import AudioChunk, Resampler, to_float
+from .protocols import ASR_RATE, Clock
+
+KEEP_AUDIO_S = 120  # input audio kept for transcription once no turn needs more
+
+
+class InputBuffer:
+    def __init__(self, clock: Clock, keep_s: int = KEEP_AUDIO_S):
+        self.clock = clock
+        self.keep_s = keep_s
+        self._resamplers: dict[int, Resampler] = {}
+        self._audio = np.zeros(ASR_RATE * 8, np.int16)  # input from self.base_sample on, grown by doubling
+        self.base_sample = 0  # the oldest sample still held
+        self.end_sample = 0  # samples at ASR_RATE fed so far
+        self.lag_samples = 0  # samples the latest input's resampler still owes
+        self.origin_s: float | None = None  # clock time of sample 0 (None until the first chunk)
+        self.commit_sample = 0  # manual turns: the input from here on is the next utterance
+
+    # -- time ----------------------------------------------------------------------------------
+
+    def audio_time(self, sample: int) -> float:
+        """Clock time at which input sample ``sample`` was captured (the resampler's delay added back)."""
+        return (self.origin_s or 0.0) + (sample + self.lag_samples) / ASR_RATE
+
+    @property
+    def input_time(self) -> float:
+        """Clock time of the end of the input so far."""
+        return self.audio_time(self.end_sample)
+
+    # -- audio ---------------------------------------------------------------------------------
+
+    def append(self, chunk: AudioChunk, may_forget: bool) -> np.ndarray:
+        """Store ``chunk`` (any rate) and return it at ``ASR_RATE``; ``may_forget``: no turn needs audio older than
+        ``keep_s``, so it may be dropped if room is needed."""
+        clock = self.clock
+        if self.origin_s is None:
+            self.origin_s = clock.now() - len(chunk.pcm) / chunk.rate if clock.realtime else 0.0
+        rs = self._resamplers.get(chunk.rate)
+        if rs is None:
+            rs = self._resamplers[chunk.rate] = Resampler(chunk.rate, ASR_RATE)
+        pcm = rs(chunk.pcm)
+        self.lag_samples = rs.lag
+        self._store(pcm, may_forget)
+        if clock.realtime and self.input_time > clock.now():
+            self.origin_s -= self.input_time - clock.now()
+        return pcm
+
+    def _store(self, pcm: np.ndarray, may_forget: bool) -> None:
+        used = self.end_sample - self.base_sample
+        if used + len(pcm) > len(self._audio):
+            keep = self.keep_s * ASR_RATE
+            if used > 2 * keep and may_forget:
+                self._audio[:keep] = self._audio[used - keep:used]
+                self.base_sample += used - keep
+                used = keep
+            if used + len(pcm) > len(self._audio):
+                grown = np.zeros(max(2 * len(self._audio), used + len(pcm)), np.int16)
+                grown[:used] = self._audio[:used]
+                self._audio = grown
+        self._audio[used:used + len(pcm)] = pcm
+        self.end_sample += len(pcm)
+
+    @property
+    def capacity_samples(self) -> int:
+        """Samples the buffer has room for (what bounds its memory)."""
+        return len(self._audio)
+
+    def utterance(self, first: int, last: int, padding_ms: int) -> np.ndarray:
+        """The held samples from ``first - pad`` up to (not including) ``last + pad``, ``pad`` being ``padding_ms``,
+        as float32 in [-1, 1).  (So without padding ``last`` itself is left out: kept as the loop always cut it.)"""
+        pad = padding_ms * ASR_RATE // 1000
+        a = max(self.base_sample, first - pad) - self.base_sample
+        b = min(self.end_sample, last + pad) - self.base_sample
+        return to_float(self._audio[a:b])
+
+    # -- manual turns ----------------------------------------------------------------------------
+
+    @property
+    def uncommitted_s(self) -> float:
+        """Seconds of input since the last commit."""
+        return (self.end_sample - self.commit_sample) / ASR_RATE
+
+    def take_uncommitted(self) -> tuple[int, int] | None:
+        """The input since the last commit as (first, last) sample, now committed; None when there is none."""
+        if self.end_sample <= self.commit_sample:
+            return None
+        first, last = self.commit_sample, self.end_sample - 1
+        self.commit_sample = self.end_sample
+        return first, last
+
+    def mark_committed(self) -> None:
+        """The input so far is used up (an automatic turn ended, or it was cleared): the next commit starts after it."""
+        self.commit_sample = self.end_sample

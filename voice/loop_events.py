@@ -1,0 +1,82 @@
+"""What the voice loop tells its adapter (``VoiceLoop(on_event=...)``): one frozen class per event, the ``LoopEvent``
+union, and the loop's record of a barge-in.
+
+In the order a spoken turn passes them: ``UserSpeechStarted``, ``UserSpeechStopped``, ``TranscriptFinal`` (of the answer
+that is confirmed), ``ResponseStarted`` (the transcript has words), ``PhraseStarted`` for each phrase (just before its first
+audio goes to the sink), ``TurnEnded``.  ``*_sample`` fields are input samples at ``ASR_RATE`` since the loop began;
+``*_s`` fields are times on the loop's clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .latency import TurnReport
+
+
+@dataclass(frozen=True, slots=True)
+class UserSpeechStarted:
+    """The user began to speak; ``barge_in``: over the agent's answer, which is stopped right after this event."""
+
+    first_voiced_sample: int
+    barge_in: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UserSpeechStopped:
+    """The user's turn ended: voice from ``first_voiced_sample`` to ``last_voiced_sample`` (inclusive), decided when the
+    input reached ``endpoint_sample`` (a manual commit: the end of the input committed)."""
+
+    first_voiced_sample: int
+    last_voiced_sample: int
+    endpoint_sample: int
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptFinal:
+    """The transcript of the turn being answered (also one without words, which gets no answer)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseStarted:
+    """An answer to the turn begins."""
+
+
+@dataclass(frozen=True, slots=True)
+class PhraseStarted:
+    """Phrase ``index`` of the answer, just before its first audio (starting at ``start_s``) goes to the sink."""
+
+    index: int
+    text: str
+    start_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnded:
+    """The turn is over.  ``spoken``: what the user heard of the answer ("" for a turn without words); ``reason``: None
+    when the answer played out (or there was none), else why it was stopped ("turn_detected" for a barge-in,
+    "client_cancelled", "client_truncated"); ``report``: None for a turn without words."""
+
+    transcript: str
+    spoken: str
+    reason: str | None
+    report: TurnReport | None
+
+    @property
+    def cancelled(self) -> bool:
+        return self.reason is not None
+
+
+LoopEvent = UserSpeechStarted | UserSpeechStopped | TranscriptFinal | ResponseStarted | PhraseStarted | TurnEnded
+
+
+@dataclass(frozen=True, slots=True)
+class BargeIn:
+    """The user spoke over an answer: their first voiced sample's time, when the endpointer knew it was speech (audio
+    time), and when the answer was stopped (clock time)."""
+
+    speech_s: float
+    detected_s: float
+    stopped_s: float

@@ -1,0 +1,69 @@
+"""Where the agent's output stands in time, and which words of an answer were heard.
+
+Any monotonic unit works: the voice loop counts seconds on its clock, the server counts output samples since its session
+began.  A ``Playout`` holds the play cursor (when the output is free again) and, for the answer in progress, its phrases
+and the spans their audio occupies:
+
+- ``begin_phrase(text)`` makes ``text`` the phrase the next audio belongs to;
+- ``play(now, length)`` queues a piece of it after what is already queued (never before ``now``) and records its span;
+- ``schedule(now, length)`` queues audio that belongs to no phrase (an acknowledgement sound);
+- ``stop(at)`` forgets what was queued after ``at`` (a barge-in);
+- ``heard(upto)`` is the words played before ``upto``: whole phrases, and of a phrase cut in the middle the share of its
+  words that matches the share of its audio played.  A phrase with no audio was not heard.
+- ``next_answer()`` forgets the phrases; the cursor stays.
+"""
+
+from __future__ import annotations
+
+
+class Playout:
+    def __init__(self, start: float = 0.0):
+        self.cursor = start  # when the output is free again
+        self.texts: list[str] = []  # the answer's phrases, in order
+        self.spans: list[tuple[int, float, float]] = []  # (phrase index, start, end) of each piece played
+
+    def begin_phrase(self, text: str) -> int:
+        """``text`` is the phrase the next audio belongs to; returns its index in the answer."""
+        self.texts.append(text)
+        return len(self.texts) - 1
+
+    def schedule(self, now: float, length: float) -> float:
+        """Queue ``length`` of audio that is no phrase; returns where it starts."""
+        start = max(now, self.cursor)
+        self.cursor = start + length
+        return start
+
+    def play(self, now: float, length: float) -> float:
+        """Queue ``length`` of the current phrase's audio; returns where it starts."""
+        if not self.texts:
+            raise ValueError("play() before begin_phrase(): audio of no phrase goes through schedule()")
+        start = self.schedule(now, length)
+        self.spans.append((len(self.texts) - 1, start, self.cursor))
+        return start
+
+    def stop(self, at: float) -> None:
+        """Nothing plays after ``at`` any more."""
+        self.cursor = min(self.cursor, at)
+
+    def heard(self, upto: float) -> str:
+        """The words of the answer played before ``upto``."""
+        heard = []
+        for index, text in enumerate(self.texts):
+            spans = [(a, b) for i, a, b in self.spans if i == index]
+            if not spans:
+                continue
+            total = sum(b - a for a, b in spans)
+            played = sum(max(0.0, min(b, upto) - a) for a, b in spans)
+            heard.append(_prefix_words(text, played / total if total > 0 else 0.0))
+        return " ".join(h for h in heard if h)
+
+    def next_answer(self) -> None:
+        self.texts.clear()
+        self.spans.clear()
+
+
+def _prefix_words(text: str, fraction: float) -> str:
+    if fraction >= 0.999:
+        return text
+    words = text.split()
+    return " ".join(words[: int(len(words) * max(0.0, fraction))])
