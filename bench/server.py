@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--json", metavar="FILE", help="also write every turn and the summary as JSON")
     args = ap.parse_args()
 
-    from voice.session import SAMPLES, manifest
+    from voice.replay import SAMPLES, manifest
 
     m = manifest()
     convs = [(name, [SAMPLES / f for f in files]) for name, files in m["conversations"].items() if name != "default"]

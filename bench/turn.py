@@ -30,7 +30,7 @@ def main() -> None:
     from voice.engines import load_engines
     from voice.latency import STAGES, summarize
     from voice.loop import LoopConfig
-    from voice.session import SAMPLES, manifest, play_conversation
+    from voice.replay import SAMPLES, manifest, play_conversation
 
     engines, load_ms = load_engines(progress=lambda m: print(m, flush=True))
     m = manifest()

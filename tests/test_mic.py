@@ -15,7 +15,7 @@ import pytest
 from pulse import PulseServer
 
 from voice.audio import read_wav
-from voice.session import SAMPLES, manifest
+from voice.replay import SAMPLES, manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,7 +23,7 @@ from server.app import ServerOptions, VoiceServer
 from server.client import ClientOptions, run_client
 from server.session import Limits
 from voice.audio import read_wav, resample
-from voice.session import manifest
+from voice.replay import manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"

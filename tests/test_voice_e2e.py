@@ -14,7 +14,7 @@ import pytest
 
 from voice.audio import BufferSink
 from voice.latency import STAGES
-from voice.session import SAMPLES, manifest, play_conversation
+from voice.replay import SAMPLES, manifest, play_conversation
 
 WER_BAR = 0.15
 
