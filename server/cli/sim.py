@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 
-
-class CLIError(ValueError):
-    """A bad flag value; ``wafervox``'s main reports it in one line (exit 2)."""
+from .common import CLIError
 
 BITS = {"16": 2.0, "8": 1.0, "4": 0.5}
 
@@ -40,7 +38,7 @@ def add_parser(sub) -> None:
                         "time on the target, stage utilisation and bubbles")
     s.add_argument("--json", action="store_true", help="one JSON object instead of tables")
     s.add_argument("--plot", metavar="PNG", help="draw the pipeline timeline and tokens/s vs unit count")
-    s.set_defaults(func=cmd_sim)
+    s.set_defaults(func=run)
 
 
 def _overrides(items) -> dict[str, float]:
@@ -108,7 +106,7 @@ def _scaling_points(dep, counts):
     return pts
 
 
-def cmd_sim(args) -> int:
+def run(args) -> int:
     from wafer.placement import PlacementError
     from wafer.specs import CatalogueError
 
@@ -273,7 +271,7 @@ def _compare(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from wafer.deploy import project_turn, speculative
+    from wafer.deploy import TurnFigures, project_turn, speculative
     from wafer.validate import seeds_cases
 
     model = args.model or "frontier-moe"
@@ -285,7 +283,8 @@ def _compare(args) -> int:
         proj = project_turn(cost, dep.name, tok_s=rate)
         rows.append({"case": label, "deployment": dep.name, "units": p.n_units * getattr(cost, "tp", 1), "batch": dep.batch,
                      "per_user_tok_s": rate, "first_phrase_ms": proj.first_phrase_ms,
-                     "voice_to_voice_ms": proj.voice_to_voice_ms, "sequential_ms": proj.sequential_ms,
+                     "answer_ready_ms": proj.ready_ms, "voice_to_voice_ms": proj.voice_to_voice_ms,
+                     "sequential_ms": proj.sequential_ms,
                      "within_budget": proj.within_budget})
     ratio = rows[3]["per_user_tok_s"] / rows[0]["per_user_tok_s"]
     if args.json:
@@ -293,16 +292,21 @@ def _compare(args) -> int:
         return 0
     t = Table(title=f"{model}: standard GPU serving vs. the wafer pipeline (seeds' claim: 53 vs 750 tok/s, 14x)",
               title_justify="left")
-    for col in ("case", "deployment", "units", "batch", "tok/s per user", "1st phrase ms", "voice-to-voice ms",
+    for col in ("case", "deployment", "units", "batch", "tok/s per user", "1st phrase ms", "answer ready ms", "voice-to-voice ms",
                 "without spec. start", "fits 500 ms"):
         t.add_column(col, justify="left" if col in ("case", "deployment") else "right")
     for r in rows:
         t.add_row(r["case"], r["deployment"], str(r["units"]), str(r["batch"]), f"{r['per_user_tok_s']:,.0f}",
-                  f"{r['first_phrase_ms']:.0f}", f"{r['voice_to_voice_ms']:.0f}", f"{r['sequential_ms']:.0f}",
+                  f"{r['first_phrase_ms']:.0f}", f"{r['answer_ready_ms']:.0f}", f"{r['voice_to_voice_ms']:.0f}",
+                  f"{r['sequential_ms']:.0f}",
                   "yes" if r["within_budget"] else "no")
     con = Console(width=max(130, Console().width))
     con.print(t)
     con.print(f"wafer pipeline with speculation vs standard serving: {ratio:.1f}x (seeds: {750 / 53:.1f}x)")
+    fig = TurnFigures()
+    con.print(f"[dim]each turn: pause {fig.pause_ms:.0f} ms + ASR {fig.asr_ms:.0f} ms + the case's first phrase + TTS "
+              f"{fig.tts_first_audio_ms:.0f} ms = answer ready; it plays at the endpoint ({fig.endpoint_ms:.0f} ms of "
+              "silence) at the earliest (this machine's medians, wafer/deploy.py TurnFigures)[/dim]")
     reads = "most experts and every user's KV" if cases[0][1].model.is_moe else "the weights once and every user's KV"
     con.print(f"[dim]standard serving batches {cases[0][1].batch} users per step, so each step reads {reads}; "
               "the wafer serves one sequence per step and is bound by per-layer latency and hops[/dim]")

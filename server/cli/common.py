@@ -1,0 +1,149 @@
+"""What the voice commands share: the one error type, the voice flags, the one engine loader (with
+the wafer deployment every turn runs on), and the turn and summary printers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXIT_USAGE = 2
+
+
+class CLIError(Exception):
+    """A problem with what the user asked for, reported as one line (exit code 2)."""
+
+
+STAGE_LABELS = (("endpoint_ms", "endpoint"), ("asr_ms", "asr"), ("llm_first_token_ms", "llm 1st tok"),
+                ("first_phrase_ms", "1st phrase"), ("tts_first_audio_ms", "tts 1st audio"), ("hold_ms", "hold"),
+                ("voice_to_voice_ms", "VOICE-TO-VOICE"), ("first_audio_ms", "first audio"))
+
+
+def fmt_ms(v) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def voice_flags(sp) -> None:
+    """Flags of every command that runs the voice loop (run, mic, serve)."""
+    sp.add_argument("--budget-ms", type=float, default=500.0, help="voice-to-voice budget per turn (default 500)")
+    sp.add_argument("--tts", choices=("piper", "espeak"), default="piper", help="speech synthesizer (default piper)")
+    sp.add_argument("--model", default=None, metavar="GGUF", help="LLM GGUF file (default SmolLM2-135M-Instruct)")
+    sp.add_argument("--no-speculative", action="store_true", help="do not start answering at a pause")
+    sp.add_argument("--ack", action="store_true", help="play a short acknowledgement when the answer is late")
+    sp.add_argument("--persona", metavar="JSON", help='system prompt and examples: {"system": "...", "examples": [[q, a], ...]} '
+                                                      "(default: the Bright Bakery persona the samples use)")
+    sp.add_argument("--deployment", "--emulate", dest="deployment", metavar="MODEL@HWxN[:BITSbit]",
+                    help="the simulated deployment every turn's decode runs on, e.g. llama-3.1-70b@cs3x4 or "
+                         "frontier-moe@h200x16:8bit (GPUs serve a batch of 64 users per step unless ',batch=N'); "
+                         "see `wafervox sim --list`. Default: this model on as many simulated CS-3 wafers as it needs. "
+                         "Each turn reports what it would have taken there (--emulate is an old name for it)")
+    sp.add_argument("--pace", action="store_true",
+                    help="make the audible answer follow the deployment's simulated clock: a slower target is slowed "
+                         "down; a faster one is released as soon as its clock allows (in real time no sooner than "
+                         "this machine computes it; with --fast exactly)")
+    sp.add_argument("--no-pace", action="store_false", dest="pace", help="do not pace (the default)")
+
+
+def loop_config(args):
+    from voice.loop import LoopConfig
+
+    if args.budget_ms <= 0:
+        raise CLIError("--budget-ms must be > 0")
+    return LoopConfig(budget_ms=args.budget_ms, speculative=not args.no_speculative, ack=args.ack,
+                      pace=getattr(args, "pace", False))
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """The deployment the loaded decode core runs on."""
+
+    name: str
+    token_s: float  # one decode step there
+    tok_s: float
+
+    def project(self, stamps: dict, llm: dict, budget_ms: float) -> dict | None:
+        from wafer.deploy import simulated_turn
+
+        return simulated_turn(self.name, self.token_s, stamps, llm, budget_ms)
+
+
+def deployment(args):
+    """The deployment asked for (checked before the engines load) and its build."""
+    from wafer.deploy import Deployment
+    from wafer.placement import PlacementError
+    from wafer.specs import CatalogueError
+
+    try:
+        dep = Deployment.parse(args.deployment, serving=True) if args.deployment else Deployment.default(args.model)
+        placement, cost = dep.build()
+    except (CatalogueError, PlacementError) as e:
+        raise CLIError(f"--deployment: {e}") from None
+    name = dep.label(placement, cost)
+    return dep, Deployed(name, cost.token_time(), 1 / cost.token_time())
+
+
+def engine_options(args, dep):
+    from voice.engines import EngineOptions
+    from wafer.staged import stage
+
+    return EngineOptions(tts=args.tts, model=args.model, deploy=lambda model: stage(model, dep))
+
+
+def persona(args):
+    from voice.llm import Persona
+
+    return Persona.from_file(args.persona) if args.persona else None
+
+
+def load(args, console, shared: bool = False):
+    """The engines for ``args`` (the shared server ones with ``shared``), every turn's decode on the
+    chosen deployment; returns (engines, Deployed)."""
+    from voice.engines import SharedEngines, load_engines
+
+    dep, deployed = deployment(args)
+    pers = persona(args)  # a bad persona file is reported before the slow load
+    opts = engine_options(args, dep)
+    loader = SharedEngines.load if shared else load_engines
+    with console.status("loading engines") as status:
+        engines, times = loader(opts, persona=pers, progress=status.update)
+    console.print(f"[dim]engines ready: asr {times['asr_ms']:.0f} ms, llm {times['llm_ms']:.0f} ms, "
+                  f"tts {times['tts_ms']:.0f} ms; decode on simulated {deployed.name} ({deployed.tok_s:,.0f} tok/s per user)[/]")
+    return engines, deployed
+
+
+def print_turn(console, r) -> None:
+    from rich.table import Table
+
+    lat = r.latency_ms
+    verdict = "[green]within budget[/]" if r.within_budget else f"[red]over by {r.overrun_ms:.0f} ms[/]"
+    console.print(f"[bold]turn {r.turn}[/]  user: {r.transcript!r}")
+    console.print(f"        agent: {r.reply!r}" + ("  [yellow](barge-in: cut)[/]" if r.barge_in else ""))
+    t = Table(show_header=True, header_style="dim", box=None, padding=(0, 1))
+    for _, label in STAGE_LABELS:
+        t.add_column(label, justify="right")
+    t.add_row(*(fmt_ms(lat[k]) for k, _ in STAGE_LABELS))
+    console.print(t)
+    console.print(f"        {verdict} (budget {r.budget_ms:.0f} ms), mitigation: {r.mitigation}")
+    sim = r.simulated
+    if sim:
+        sv = "within budget" if sim["within_budget"] else f"over by {sim['overrun_ms']:.0f} ms"
+        console.print(f"        [cyan]on {sim['deployment']}[/]: llm 1st tok {sim['llm_first_token_ms']:.1f} ms, "
+                      f"1st phrase {sim['first_phrase_ms']:.1f} ms, {sim['token_ms']:.2f} ms/token -> "
+                      f"voice-to-voice {sim['voice_to_voice_ms']:.0f} ms, {sv}")
+    console.print()
+
+
+def print_summary(console, summary) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{summary['turns']} turns, {summary['within_budget']} within budget "
+                    f"(hit rate {summary['budget_hit_rate']})", header_style="bold")
+    t.add_column("stage")
+    t.add_column("p50 ms", justify="right")
+    t.add_column("p95 ms", justify="right")
+    for key, label in STAGE_LABELS:
+        t.add_row(label, fmt_ms(summary[key]["p50"]), fmt_ms(summary[key]["p95"]))
+    console.print(t)
+    sim = summary.get("simulated")
+    if sim and sim.get("turns"):
+        console.print(f"on simulated {sim['deployment']}: voice-to-voice p50 {fmt_ms(sim['voice_to_voice_ms']['p50'])} / "
+                      f"p95 {fmt_ms(sim['voice_to_voice_ms']['p95'])} ms, {sim['within_budget']}/{sim['turns']} within budget; "
+                      f"llm first phrase p50 {sim['first_phrase_ms']['p50']} ms")
