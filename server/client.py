@@ -184,7 +184,8 @@ async def run_client(wavs, opts: ClientOptions, on_turn=None, progress=None) -> 
                  "reported_client_voice_to_voice_ms": (report.get("client") or {}).get("voice_to_voice_ms"),
                  "budget_ms": report.get("budget_ms", opts.budget_ms),
                  "within_budget": v2v is not None and v2v <= report.get("budget_ms", opts.budget_ms),
-                 "mitigation": report.get("mitigation"), "barge_in": report.get("barge_in", False)}
+                 "mitigation": report.get("mitigation"), "barge_in": report.get("barge_in", False),
+                 "simulated": report.get("simulated")}
             turns.append(t)
             if on_turn:
                 on_turn(t)

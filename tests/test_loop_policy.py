@@ -94,6 +94,28 @@ class ScriptedConversation:
         self.prepared += 1
         return 0
 
+    def sim_elapsed_s(self) -> float | None:
+        return None  # not on a simulated deployment
+
+
+class SimulatedConversation(ScriptedConversation):
+    """Stand-in LLM on a simulated deployment: costs nothing on the clock here, and reports ``first_s`` of simulated time
+    to its first word and ``each_s`` for every word after."""
+
+    def __init__(self, clock: StandInClock, replies: dict[str, str], first_s: float, each_s: float):
+        super().__init__(clock, replies)
+        self.first_s, self.each_s, self.words = first_s, each_s, 0
+
+    def reply(self, user_text: str):
+        self.opened.append(user_text)
+        self.words = 0
+        for i, w in enumerate(self.replies[user_text].split()):
+            self.words = i + 1
+            yield (" " if i else "") + w
+
+    def sim_elapsed_s(self) -> float | None:
+        return 0.0 if not self.words else self.first_s + (self.words - 1) * self.each_s
+
 
 class ToneSynthesizer:
     """Stand-in voice at 1 kHz: one chunk per phrase, 250 ms of tone per word, 20 ms to make."""
@@ -423,6 +445,9 @@ class CountingLoop:
             return True
         return False
 
+    def wake_at(self) -> float | None:
+        return None
+
 
 def test_run_until_works_until_t_then_advances_the_clock():
     loop = CountingLoop(work=10)
@@ -502,3 +527,53 @@ def test_the_real_collaborators_have_the_protocols_methods(protocol_name, cls_pa
         if callable(want):
             got = inspect.signature(getattr(cls, m))
             assert list(got.parameters) == list(inspect.signature(want).parameters), (cls_path, m)
+
+
+# -- the simulated deployment: its stamps, the report's block, pacing ------------------------------------------------------
+
+
+def _simulated_scene(pace: bool) -> Scene:
+    s = Scene(LoopConfig(pace=pace, speculative=False))
+    s.llm = SimulatedConversation(s.clock, {QUESTION: ANSWER}, first_s=0.3, each_s=0.1)
+    s.loop.e.llm = s.llm
+    s.loop.e.project = lambda stamps, llm, budget_ms: {"llm": llm, "budget_ms": budget_ms, "endpoint": stamps["endpoint"]}
+    s.at(STARTED.sample, STARTED)
+    s.at(STOPPED.sample, STOPPED)
+    s.loop.finish()
+    return s
+
+
+def test_the_llms_simulated_times_reach_the_report_through_project():
+    s = _simulated_scene(pace=False)
+    r = s.loop.reports[0]
+    # the chunker hands "Sure." over when the next word arrives: the second word's simulated time
+    assert r.simulated == {"llm": {"first_token": _approx(0.3), "first_phrase": _approx(0.4)}, "budget_ms": 500.0,
+                           "endpoint": _approx(1.9)}
+    assert r.stamps["first_token"] == _approx(r.stamps["transcript"])  # unpaced: no wait (the stand-in costs nothing here)
+    assert r.to_dict()["simulated"] == r.simulated
+    assert Scene().loop.e.project is None  # no deployment, no block
+
+
+def test_pace_holds_each_piece_until_its_simulated_time():
+    s = _simulated_scene(pace=True)
+    r = s.loop.reports[0]
+    t0 = r.stamps["transcript"]
+    assert r.stamps["first_token"] == _approx(t0 + 0.3) and r.stamps["first_phrase"] == _approx(t0 + 0.4)
+    assert r.stamps["answer_audio"] == _approx(t0 + 0.4 + 0.02)  # the tone stand-in's 20 ms
+    assert s.sink.calls[0] == ("play", round(t0 + 0.42, 6), 250)
+    assert r.reply == ANSWER
+
+
+def test_a_paced_wait_is_idle_time_for_the_driver():
+    """While a paced answer waits, the loop has no work (input goes on being read) and says when it will."""
+    s = Scene(LoopConfig(pace=True, speculative=False))
+    s.llm = SimulatedConversation(s.clock, {QUESTION: ANSWER}, first_s=0.3, each_s=0.1)
+    s.loop.e.llm = s.llm
+    s.at(STARTED.sample, STARTED)
+    s.loop.on_vad(STOPPED)
+    while s.loop.has_work():
+        s.loop.step()
+    due = s.loop.wake_at()
+    assert due == _approx(s.clock.now() + 0.3) and s.sink.calls == []
+    run_until(s.loop, due + 0.001)
+    assert s.loop.wake_at() == _approx(due + 0.1)  # the next word's time

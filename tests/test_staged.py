@@ -92,12 +92,12 @@ def test_local_layers_spread_over_the_target_stages(model):
 
 
 def test_gpu_deployments_serve_a_standard_batch_unless_told():
-    std = Deployment.parse("frontier-moe@h200x16:8bit")
-    one = Deployment.parse("frontier-moe@h200x16:8bit,batch=1")
-    assert (std.batch, one.batch) == (64, 1)
+    std = Deployment.parse("frontier-moe@h200x16:8bit", serving=True)
+    one = Deployment.parse("frontier-moe@h200x16:8bit,batch=1", serving=True)
+    assert (std.batch, one.batch, Deployment.parse("frontier-moe@h200x16:8bit").batch) == (64, 1, 1)
     assert 30 < 1 / std.build()[1].token_time() < 60  # ~45 tok/s per user, as standard GPU serving
     assert 1 / one.build()[1].token_time() > 5 / std.build()[1].token_time()
-    assert Deployment.parse("llama-3.1-70b@cs3x4").batch == 1
+    assert Deployment.parse("llama-3.1-70b@cs3x4", serving=True).batch == 1
     from wafer.specs import CatalogueError
 
     with pytest.raises(CatalogueError, match="GPU systems only"):

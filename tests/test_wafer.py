@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -189,7 +188,9 @@ def test_turn_projection_follows_the_speculative_policy():
     fast = Deployment.parse("llama-3.1-8b@wse3x1").build()[1]
     proj = project_turn(fast, "x")
     fig = TurnFigures()
-    assert proj.voice_to_voice_ms == pytest.approx(fig.endpoint_ms + fig.tts_first_audio_ms)  # LLM hidden by the endpoint
+    # the whole chain (ASR, LLM, TTS) runs from the pause and is ready before the endpoint: hidden behind it
+    assert proj.voice_to_voice_ms == pytest.approx(fig.endpoint_ms)
+    assert proj.ready_ms == pytest.approx(fig.pause_ms + fig.asr_ms + proj.first_phrase_ms + fig.tts_first_audio_ms)
     assert proj.within_budget
     slow = project_turn(fast, "x", tok_s=10.0)  # 10 tok/s: the first phrase alone takes 700 ms
     assert slow.voice_to_voice_ms > 900 and not slow.within_budget
@@ -366,48 +367,53 @@ def test_sim_set_overrides_an_assumption():
     assert slow["token_ms"] == pytest.approx(base["token_ms"] + 3 * (1e-3 - 20e-6) * 1e3, rel=1e-6)
 
 
-def test_emulated_llm_paces_and_projects(generator):
-    """The LLM stage paced to a deployment slower than this machine, with the turn projected."""
-    from voice.latency import TurnTrace
-    from voice.llm import LLMConversation
-    from wafer.emulate import EmulatedLLM
+def test_simulated_turn_block_follows_the_loop_policy():
+    """One formula: the answer's first audio is ready at transcript + the deployment's first phrase + TTS,
+    and plays no earlier than the endpoint."""
+    from wafer.deploy import simulated_turn
 
-    dep = Deployment.parse("llama-3.1-70b@h100x4")
-    _, cost = dep.build()
-    slow = replace(cost.placement.hardware.params["memory_bw"], value=2e11)  # 17x slower HBM
-    hw = replace(cost.placement.hardware, params={**cost.placement.hardware.params, "memory_bw": slow})
-    dep = replace(dep, hardware=hw)
-    _, cost = dep.build()
-    assert 0.15 < cost.token_time() < 0.5
-    llm = EmulatedLLM(LLMConversation(generator.fork(), max_tokens=3), dep, cost)
-    import time
-
-    t0 = time.perf_counter()
-    text = "".join(llm.reply("How much is a croissant?"))
-    took = time.perf_counter() - t0
-    assert text and took > 2 * cost.token_time() * 0.9  # three tokens, each held back to the target's step
-    call = llm.calls[-1]
-    assert call.held_s > 0.3 and call.new_tokens > 0
-    tr = TurnTrace(turn=1, budget_ms=500)
-    for name, t in (("last_voiced", 1.0), ("endpoint", 1.4), ("transcript", 1.3), ("first_phrase", 1.5),
-                    ("tts_first_audio", 1.56), ("answer_audio", 1.56)):
-        tr.mark(name, t)
-    proj = llm.project(tr.report())
-    assert proj["first_phrase_ms"] >= proj["llm_first_token_ms"] > 0
-    assert proj["voice_to_voice_ms"] > 500 and not proj["within_budget"]
+    stamps = {"last_voiced": 1.0, "endpoint": 1.4, "transcript": 1.25, "first_phrase": 1.45, "tts_first_audio": 1.5}
+    fast = simulated_turn("x@wse3x1", 2e-4, stamps, {"first_token": 0.001, "first_phrase": 0.002}, 500)
+    assert fast["voice_to_voice_ms"] == pytest.approx(400.0)  # endpoint-bound
+    slow = simulated_turn("y@h100x16", 0.05, stamps, {"first_token": 0.05, "first_phrase": 0.3}, 500)
+    assert slow["voice_to_voice_ms"] == pytest.approx((0.25 + 0.3 + 0.05) * 1000)
+    assert slow["within_budget"] is False and slow["overrun_ms"] == pytest.approx(100.0)
+    assert (slow["deployment"], slow["token_ms"], slow["first_phrase_ms"]) == ("y@h100x16", 50.0, 300.0)
+    late = dict(stamps, transcript=1.6)  # no speculation: the transcript came after the endpoint
+    assert simulated_turn("x", 2e-4, late, {"first_phrase": 0.002}, 500)["voice_to_voice_ms"] == pytest.approx(652.0)
+    assert simulated_turn("x", 2e-4, {"last_voiced": 1.0}, {"first_phrase": 0.002}, 500) is None
 
 
-def test_run_with_emulate_reports_the_projected_turn():
-    """The voice loop end to end with the LLM stage emulating 4 CS-3 wafers."""
+def _run_json(*args):
     wav = str(ROOT / "samples" / "morning_02_located.wav")
-    out = wafervox("run", "--fast", "--json", "--emulate", "llama-3.1-70b@cs3x4", wav, timeout=600)
+    out = wafervox("run", "--fast", "--json", *args, wav, timeout=600)
     assert out.returncode == 0, out.stderr
     lines = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
-    turns, summary = lines[:-1], lines[-1]["summary"]
-    assert turns and all(t["emulated"]["deployment"] == "llama-3.1-70b@wse3x4" for t in turns)
-    e = turns[0]["emulated"]
-    assert 0 < e["llm_first_token_ms"] <= e["first_phrase_ms"] and e["new_prompt_tokens"] > 0
-    assert e["voice_to_voice_ms"] >= turns[0]["latency_ms"]["endpoint_ms"] - 1  # the answer waits for the endpoint
-    assert summary["emulated"]["turns"] == len(turns)
-    bad = wafervox("run", "--fast", "--emulate", "llama-3.1-70b@cs3x2", wav)  # 70B does not fit on 2 wafers
+    return lines[:-1], lines[-1]["summary"]
+
+
+def test_every_turn_of_run_carries_the_simulated_block():
+    """By default every turn's decode runs on this model on simulated CS-3 wafers; --deployment picks another."""
+    turns, summary = _run_json()
+    assert turns and all(t["simulated"]["deployment"] == "smollm2-135m@wse3x1" for t in turns)
+    s = turns[0]["simulated"]
+    assert 0 < s["llm_first_token_ms"] <= s["first_phrase_ms"] < turns[0]["latency_ms"]["first_phrase_ms"]
+    assert s["token_ms"] < 1 and s["voice_to_voice_ms"] >= turns[0]["latency_ms"]["endpoint_ms"] - 1
+    assert summary["simulated"]["deployment"] == "smollm2-135m@wse3x1" and summary["simulated"]["turns"] == len(turns)
+    turns, _ = _run_json("--emulate", "llama-3.1-70b@cs3x4")  # the old name still works
+    assert all(t["simulated"]["deployment"] == "llama-3.1-70b@wse3x4" for t in turns)
+    bad = wafervox("run", "--fast", "--deployment", "llama-3.1-70b@cs3x2", str(ROOT / "samples" / "morning_02_located.wav"))
     assert bad.returncode == 2 and "needs at least 4" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_pace_on_the_virtual_clock_follows_the_simulated_llm_both_ways():
+    """With --fast the clock charges the LLM stage its simulated time: a slow deployment's answer comes later
+    than this machine's, a fast one's sooner, and the measured LLM span is the simulated one."""
+    plain, _ = _run_json()
+    slow, _ = _run_json("--pace", "--deployment", "llama-3.1-405b@h100x16", "--no-speculative")
+    fast, _ = _run_json("--pace", "--no-speculative")
+    for t in slow + fast:
+        assert t["latency_ms"]["first_phrase_ms"] == pytest.approx(t["simulated"]["first_phrase_ms"], abs=0.2)
+    p, sl, fa = (t[0]["latency_ms"]["first_phrase_ms"] for t in (plain, slow, fast))
+    assert sl > fa + 40 and p > fa, (sl, p, fa)
+    assert slow[0]["latency_ms"]["voice_to_voice_ms"] > fast[0]["latency_ms"]["voice_to_voice_ms"] + 100

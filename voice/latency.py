@@ -49,9 +49,10 @@ class TurnTrace:
         if what not in self.mitigations:
             self.mitigations.append(what)
 
-    def report(self) -> TurnReport:
+    def report(self, simulated: dict | None = None) -> TurnReport:
         return TurnReport(turn=self.turn, transcript=self.transcript, reply=self.reply, budget_ms=self.budget_ms,
-                          stamps=dict(self.stamps), mitigations=tuple(self.mitigations), barge_in=self.barge_in)
+                          stamps=dict(self.stamps), mitigations=tuple(self.mitigations), barge_in=self.barge_in,
+                          simulated=simulated)
 
 
 def _span(stamps, a, b):
@@ -69,6 +70,9 @@ class TurnReport:
     stamps: dict
     mitigations: tuple[str, ...]
     barge_in: bool
+    #: the same turn on the simulated deployment the decode core runs on (``wafer.deploy.simulated_turn``):
+    #: deployment, llm_first_token_ms, first_phrase_ms, token_ms, voice_to_voice_ms, within_budget, overrun_ms
+    simulated: dict | None = None
 
     @property
     def latency_ms(self) -> dict[str, float | None]:
@@ -114,6 +118,7 @@ class TurnReport:
             "overrun_ms": None if math.isinf(self.overrun_ms) else round(self.overrun_ms, 1),
             "mitigation": self.mitigation,
             "barge_in": self.barge_in,
+            "simulated": self.simulated,
         }
 
 
@@ -137,4 +142,11 @@ def summarize(reports: list[TurnReport]) -> dict:
     out["within_budget"] = sum(r.within_budget for r in reports)
     out["budget_hit_rate"] = round(out["within_budget"] / len(reports), 3) if reports else None
     out["answered"] = len(answered)
+    sim = [r.simulated for r in reports if r.simulated]
+    if sim:
+        out["simulated"] = {"deployment": sim[-1]["deployment"], "turns": len(sim),
+                            "within_budget": sum(1 for x in sim if x["within_budget"])}
+        for key in ("llm_first_token_ms", "first_phrase_ms", "voice_to_voice_ms"):
+            p50, p95 = percentile([x[key] for x in sim], 0.5), percentile([x[key] for x in sim], 0.95)
+            out["simulated"][key] = {"p50": round(p50, 1), "p95": round(p95, 1)}
     return out

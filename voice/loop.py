@@ -9,6 +9,12 @@ The loop is the turn policy; what it keeps is delegated: the input audio and its
 play cursor and the words heard to a ``Playout``, the turn state to a ``TurnMachine``, the timestamps to a ``TurnTrace``.
 Its adapter follows a turn through ``on_event`` (``voice.loop_events``).
 
+When the decode core runs on a simulated deployment, each turn also carries the LLM's simulated times (to its first
+token and its first phrase) and, through ``Engines.project``, the ``simulated`` block of its report.  With
+``LoopConfig.pace`` the answer follows the deployment's clock: a piece of the reply is not used before the reply's
+start plus its simulated time (a slower target is waited for), and a virtual clock charges the LLM its simulated time
+instead of this machine's (so a faster target's answer comes sooner).
+
 The budget is worked against, not just measured: at a ``Pause`` the loop transcribes and starts answering speculatively
 (audio held back until the endpoint confirms the turn, dropped if the user goes on), the phrase chunker releases a short
 first clause, and an optional acknowledgement sound covers a late answer (reported as ``first_audio_ms``, never as the
@@ -60,6 +66,7 @@ class LoopConfig:
     endpointer: EndpointerConfig = field(default_factory=lambda: EndpointerConfig(pause_ms=120))
     turn_detection: bool = True  # False: turns end only by ``commit_input()`` (the VAD still runs, for bounds)
     barge_in: bool = True  # speech over the answer interrupts it (False: speech while speaking is ignored)
+    pace: bool = False  # the answer follows the simulated deployment's clock (see the module docstring)
 
 
 @dataclass
@@ -68,6 +75,9 @@ class Engines:
     llm: Conversation
     tts: Synthesizer
     ack_pcm: np.ndarray | None = None  # the acknowledgement sound at tts.sample_rate
+    #: ``project(stamps, llm_sim, budget_ms) -> dict | None``: a turn's ``simulated`` block from its measured stamps and the
+    #: LLM's simulated seconds (``first_token``, ``first_phrase``); the CLI wires ``wafer.deploy.simulated_turn`` here.
+    project: Callable[[dict, dict, float], dict | None] | None = None
 
 
 @dataclass
@@ -87,9 +97,15 @@ class _Response:
     answered: bool = False
     finished: bool = False
     gen: Iterator | None = None
+    sim: dict = field(default_factory=dict)  # the LLM's simulated seconds from the reply's start: first_token, first_phrase
+    due_s: float | None = None  # paced: the clock time before which its next piece may not be used
 
     def stamp(self, name: str, t: float) -> None:
         self.stamps.setdefault(name, t)
+
+    def ready(self, now: float) -> bool:
+        """Work left that may be done now."""
+        return not self.finished and (self.due_s is None or now >= self.due_s)
 
 
 class VoiceLoop:
@@ -321,7 +337,13 @@ class VoiceLoop:
         r.finished = True
 
     def has_work(self) -> bool:
-        return self._prepare_due() or any(r is not None and not r.finished for r in (self._task, self._spec))
+        now = self.clock.now()
+        return self._prepare_due() or any(r is not None and r.ready(now) for r in (self._task, self._spec))
+
+    def wake_at(self) -> float | None:
+        """When a paced answer waiting for its simulated time may go on (None: nothing waits)."""
+        due = [r.due_s for r in (self._task, self._spec) if r is not None and not r.finished and r.due_s is not None]
+        return min(due, default=None)
 
     def _prepare_due(self) -> bool:
         return self._prepare and self.turns.state is TurnState.LISTENING and self.vad.state is VadState.SILENCE
@@ -330,8 +352,9 @@ class VoiceLoop:
         """Advance the current response (the confirmed one first) by one piece of work; when
         idle, prefill the context the next turn will start with.  Either way, look at the time
         (an acknowledgement due, an answer played out)."""
+        now = self.clock.now()
         for r in (self._task, self._spec):
-            if r is not None and not r.finished:
+            if r is not None and r.ready(now):
                 try:
                     next(r.gen)
                 except StopIteration:
@@ -364,15 +387,26 @@ class VoiceLoop:
         if not _has_words(r.transcript):
             return
         chunker = PhraseChunker()
-        stream = self.e.llm.reply(r.transcript)
+        llm = self.e.llm
+        stream = llm.reply(r.transcript)
         sentences = 0
+        start = clock.now()
         try:
             while sentences < self.cfg.max_sentences:
-                with clock.working():
-                    piece = next(stream, None)
+                sim0 = llm.sim_elapsed_s()
+                if self.cfg.pace and sim0 is not None:
+                    piece = next(stream, None)  # off the clock: the deployment's time is what it costs
+                    r.due_s = start + llm.sim_elapsed_s()
+                    while clock.now() < r.due_s:
+                        yield  # step() passes this answer by until its simulated time has come
+                    r.due_s = None
+                else:
+                    with clock.working():
+                        piece = next(stream, None)
                 if piece is None:
                     break
                 r.stamp("first_token", clock.now())
+                self._sim_stamp(r, "first_token")
                 chunker.feed(piece)
                 for ph in chunker.drain():
                     yield from self._speak(r, ph.text)
@@ -389,6 +423,7 @@ class VoiceLoop:
         index = len(r.phrases)
         r.phrases.append(text)
         r.stamp("first_phrase", clock.now())
+        self._sim_stamp(r, "first_phrase")
         synth = self.e.tts.synthesize(text)
         try:
             while True:
@@ -404,6 +439,12 @@ class VoiceLoop:
                 yield
         finally:
             synth.close()
+
+    def _sim_stamp(self, r: _Response, name: str) -> None:
+        if name not in r.sim:
+            t = self.e.llm.sim_elapsed_s()
+            if t is not None:
+                r.sim[name] = t
 
     def _confirmed(self, r: _Response) -> None:
         """``r`` is the answer and its transcript is known: tell the adapter."""
@@ -473,7 +514,8 @@ class VoiceLoop:
             return
         self.e.llm.commit(r.transcript, spoken)
         self._prepare = True
-        report = tr.report()
+        project = self.e.project
+        report = tr.report(simulated=project(dict(tr.stamps), dict(r.sim), tr.budget_ms) if project and r.sim else None)
         if "last_voiced" in tr.stamps:  # typed turns have no voice-to-voice: kept out of the voice figures
             self.reports.append(report)
         self._emit(TurnEnded(transcript=r.transcript, spoken=spoken, reason=reason, report=report))
@@ -536,10 +578,19 @@ def run_until(loop: VoiceLoop, t: float, poll: Callable[[float], object] | None 
     the clock is the caller's real one and is not advanced), and then ``loop.step()`` lets the loop see the time that
     passed (an acknowledgement due, an answer that finished playing) or start on the new input."""
     clock = loop.clock
-    while clock.now() < t and loop.has_work():
-        loop.step()
-        if poll is not None:
-            poll(0.0)
+    while clock.now() < t:
+        if loop.has_work():
+            loop.step()
+            if poll is not None:
+                poll(0.0)
+            continue
+        wake = loop.wake_at()  # a paced answer waiting for its simulated time
+        if wake is None or wake >= t:
+            break
+        if poll is None:
+            clock.advance_to(wake)
+        else:
+            poll(max(0.0, wake - clock.now()))
     if poll is None:
         clock.advance_to(t)
     else:

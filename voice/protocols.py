@@ -44,9 +44,13 @@ class TokenStream(Protocol):
 class Conversation(TokenStream, Protocol):
     """The LLM's side of the conversation (``voice.llm.LLMConversation``): ``reply`` streams the answer to a user turn,
     ``commit`` records the turn as it was heard, ``amend_last`` shortens the last recorded answer (less of it was heard),
-    ``prepare`` prefills the context the next turn starts with and returns the tokens computed."""
+    ``prepare`` prefills the context the next turn starts with and returns the tokens computed; ``sim_elapsed_s``
+    is the simulated time the reply in progress (or the last one) has taken on the deployment the decode core runs on
+    (None when it runs on no simulated deployment)."""
 
     def commit(self, user_text: str, spoken: str) -> None: ...
+
+    def sim_elapsed_s(self) -> float | None: ...
 
     def amend_last(self, spoken: str) -> None: ...
 

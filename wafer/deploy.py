@@ -2,8 +2,8 @@
 
 ``Deployment.parse("llama-3.1-70b@cs3x4")`` names a model, a system and a unit count (wafers or
 GPUs; omitted = as few as fit), optionally the weight precision (``...@h200x16:8bit``; default
-16) and, for GPUs, the serving batch (``...,batch=1``; default ``STANDARD_BATCH``, the way GPU
-clusters serve many users per step).
+16) and, for GPUs, the serving batch (``...,batch=64``; default 1, or ``STANDARD_BATCH`` when read as
+a serving deployment: the way GPU clusters serve many users per step).
 
 ``voice_to_voice_s`` is the one formula for what a turn's listener waits, following the loop's
 policy: transcription, the answer and its first audio are computed from the moment the
@@ -48,7 +48,9 @@ class Deployment:
     batch: int = 1  # GPU serving batch (standard serving runs many sequences per step)
 
     @classmethod
-    def parse(cls, text: str, **kw) -> Deployment:
+    def parse(cls, text: str, serving: bool = False, **kw) -> Deployment:
+        """``text`` as a deployment; ``serving``: a GPU system serves ``STANDARD_BATCH`` users per step unless the text
+        says ``,batch=N`` (the voice commands' reading: a GPU cluster as it is run for many users), else one."""
         m = _SPEC.match(text)
         if not m:
             raise CatalogueError(f"'{text}' is not MODEL@HARDWARE[xN][:BITSbit][,batch=N] (e.g. llama-3.1-70b@cs3x4, "
@@ -68,7 +70,7 @@ class Deployment:
             kw["batch"] = int(m.group(5))
             if kw["batch"] < 1:
                 raise CatalogueError(f"'{text}': the batch must be at least 1")
-        elif hw.kind == "gpu":
+        elif hw.kind == "gpu" and serving:
             kw.setdefault("batch", STANDARD_BATCH)
         return cls(model, hw, units, **kw)
 
@@ -120,6 +122,7 @@ class TurnProjection:
     first_phrase_ms: float
     voice_to_voice_ms: float
     sequential_ms: float  # the same turn if nothing started before the endpoint
+    ready_ms: float  # the answer's first audio ready (before it waits for the endpoint)
     budget_ms: float
     token_ms: float
     figures: TurnFigures = field(repr=False)
@@ -136,7 +139,7 @@ class TurnProjection:
     def to_dict(self) -> dict:
         return {"deployment": self.deployment, "llm_first_token_ms": self.llm_first_token_ms,
                 "first_phrase_ms": self.first_phrase_ms, "voice_to_voice_ms": self.voice_to_voice_ms,
-                "voice_to_voice_without_speculation_ms": self.sequential_ms, "budget_ms": self.budget_ms,
+                "voice_to_voice_without_speculation_ms": self.sequential_ms, "answer_ready_ms": self.ready_ms, "budget_ms": self.budget_ms,
                 "within_budget": self.within_budget, "token_ms": self.token_ms}
 
 
@@ -157,7 +160,9 @@ def project_turn(cost: CostModel, name: str, fig: TurnFigures = TurnFigures(), t
                            first_phrase_s=phrase, tts_first_audio_s=fig.tts_first_audio_ms / 1e3)
     sequential = voice_to_voice_s(endpoint_s=fig.endpoint_ms / 1e3, transcript_s=(fig.endpoint_ms + fig.asr_ms) / 1e3,
                                   first_phrase_s=phrase, tts_first_audio_s=fig.tts_first_audio_ms / 1e3)
-    return TurnProjection(name, first * 1e3, phrase * 1e3, v2v * 1e3, sequential * 1e3, fig.budget_ms, token * 1e3, fig)
+    ready = voice_to_voice_s(endpoint_s=0.0, transcript_s=(fig.pause_ms + fig.asr_ms) / 1e3, first_phrase_s=phrase,
+                             tts_first_audio_s=fig.tts_first_audio_ms / 1e3)
+    return TurnProjection(name, first * 1e3, phrase * 1e3, v2v * 1e3, sequential * 1e3, ready * 1e3, fig.budget_ms, token * 1e3, fig)
 
 
 def simulated_turn(deployment: str, token_s: float, stamps: dict, llm: dict, budget_ms: float) -> dict | None:
