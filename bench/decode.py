@@ -9,7 +9,10 @@ own environment (``make bench-env`` builds it, bench/.venv-llamacpp) as a worker
 process driven over a pipe.  The roofline is bytes read per decoded token
 (weights + KV cache) over this machine's read bandwidth, measured here with the
 same thread count.  JIT: the first token of a fresh process is measured in a
-subprocess, once with the numba cache warm and once with an empty cache.
+subprocess, once with the numba cache warm and once with an empty cache.  The
+staged model (the decode core on its default simulated deployment, as every voice
+turn runs it) takes part in the same rounds: its wall-time overhead over the plain
+model is printed beside the simulated rate.
 """
 
 from __future__ import annotations
@@ -91,15 +94,24 @@ def read_bandwidth_gbs(threads: int) -> float:
 
 
 class Ours:
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, model=None):
         import numba
 
         from decode import Generator
 
         numba.set_num_threads(threads)
-        self.gen = Generator()
+        self.gen = Generator(model=model)
         self.model = self.gen.model
         self.run("warm up", decode=4)
+
+    @classmethod
+    def staged(cls, plain: Ours, threads: int, deployment: str | None = None) -> Ours:
+        """The same loaded model through ``wafer.staged`` on ``deployment`` (default: CS-3 wafers)."""
+        from wafer.deploy import Deployment
+        from wafer.staged import stage
+
+        dep = Deployment.parse(deployment) if deployment else Deployment.default()
+        return cls(threads, stage(plain.model, dep))
 
     def run(self, text: str, decode: int) -> dict:
         ids = self.gen.tokenizer.encode(text)
@@ -159,6 +171,9 @@ def main() -> None:
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp (ratios are not printed)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache (compiling) fresh-process run")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    ap.add_argument("--deployment", default=None, metavar="MODEL@HWxN",
+                    help="deployment of the staged model (default: this model on CS-3 wafers)")
+    ap.add_argument("--no-staged", action="store_true", help="skip the staged model")
     args = ap.parse_args()
 
     from decode import default_model_path
@@ -167,14 +182,16 @@ def main() -> None:
     print(f"model {model_path.name}, {args.threads} threads, {args.rounds} rounds, {args.tokens} decode tokens/round",
           flush=True)
     ours = Ours(args.threads)
+    staged = None if args.no_staged else Ours.staged(ours, args.threads, args.deployment)
     peer = None
     if not args.no_peer:
         if not PEER_PYTHON.exists():
             raise SystemExit("llama.cpp environment missing: run `make bench-env` (or pass --no-peer)")
         peer = Peer(model_path, args.threads)
 
-    res = {"ours": {"decode": [], "prefill": []}, "llama.cpp": {"decode": [], "prefill": []}}
-    engines = [("ours", ours)] + ([("llama.cpp", peer)] if peer else [])
+    res = {"ours": {"decode": [], "prefill": []}, "llama.cpp": {"decode": [], "prefill": []},
+           "staged": {"decode": [], "prefill": []}}
+    engines = [("ours", ours)] + ([("staged", staged)] if staged else []) + ([("llama.cpp", peer)] if peer else [])
     n_prefill = 0
     for r in range(args.rounds):
         for name, eng in engines if r % 2 == 0 else engines[::-1]:
@@ -184,6 +201,8 @@ def main() -> None:
             n_prefill = p["n_prompt"]
             res[name]["prefill"].append(p["n_prompt"] / p["prefill_s"])
         line = f"  round {r + 1}/{args.rounds}: decode ours {res['ours']['decode'][-1]:.1f}"
+        if staged:
+            line += f", staged {res['staged']['decode'][-1]:.1f}"
         if peer:
             line += f" vs llama.cpp {res['llama.cpp']['decode'][-1]:.1f} tok/s"
         print(line, flush=True)
@@ -212,13 +231,20 @@ def main() -> None:
         print(f"   llama.cpp {med['llama.cpp']['prefill']:7.1f} tok/s   ratio {paired['prefill']:.2f}x   ({n_prefill}-token prompt)")
     else:
         print()
+    if staged:
+        over = {k: statistics.median([o / st - 1 for o, st in zip(res["ours"][k], res["staged"][k])]) for k in ("decode", "prefill")}
+        sim = staged.model
+        print(f"staged  decode {med['staged']['decode']:7.1f} tok/s here, wall-time overhead {over['decode']:+.1%} decode, "
+              f"{over['prefill']:+.1%} prefill (median of per-round ratios); on simulated {sim.deployment} "
+              f"{1 / sim.token_s():,.0f} tok/s")
+        figures_staged = {"deployment": sim.deployment, "overhead": over, "sim_tok_s": 1 / sim.token_s()}
     achieved = med["ours"]["decode"] * bytes_per_token / 1e9
     print(f"roofline {bytes_per_token / 1e6:.1f} MB read per token, read bandwidth {bw:.1f} GB/s "
           f"-> {roofline:.0f} tok/s; ours reads {achieved:.1f} GB/s = {med['ours']['decode'] / roofline:.2f}x of the limit")
 
     figures = {"threads": args.threads, "rounds": args.rounds, "median": med, "paired_ratio": paired if peer else None,
                "bytes_per_token": bytes_per_token,
-               "read_gb_s": bw, "roofline_tok_s": roofline}
+               "read_gb_s": bw, "roofline_tok_s": roofline, "staged": figures_staged if staged else None}
     warm = fresh_process_first_token(cold=False)
     print(f"fresh process, warm numba cache: load {warm['load_ms']:.0f} ms, first token {warm['first_token_ms']:.0f} ms, "
           f"{warm['compiled']} compilations")

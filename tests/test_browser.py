@@ -53,6 +53,8 @@ STATE_JS = """() => ({
   status: document.getElementById('status').textContent,
   turns: document.querySelectorAll('#waterfall g.turn').length,
   stages: [...document.querySelectorAll('#waterfall rect.stage')].map(r => r.dataset.stage),
+  simulated: [...document.querySelectorAll('#waterfall path.simulated title')].map(t => t.textContent),
+  simulatedCells: [...document.querySelectorAll('#turns td.sim')].map(td => td.textContent),
   user: [...document.querySelectorAll('#transcript p.user .text')].map(e => e.textContent),
   agent: [...document.querySelectorAll('#transcript p.agent .text')].map(e => e.textContent),
   inputSent: window.wafervox ? window.wafervox.inputSent : null,
@@ -204,6 +206,9 @@ def test_demo_page_answers_and_draws_waterfall(browser_available, tmp_path):
             f"{(tmp_path / 'server.log').read_text(errors='replace')[-2000:]}")
     assert out["ready"], f"no drawn turn with user and agent transcript within {PAGE_TIMEOUT_S} s\n{diag}"
     assert st["turns"] >= 1 and st["stages"], diag
+    # every turn also shows what it would have taken on the simulated deployment (default: smollm2 on CS-3)
+    assert st["simulated"] and all("smollm2-135m@wse3x1" in t for t in st["simulated"]), diag
+    assert st["simulatedCells"] and "wse3x1" in st["simulatedCells"][0], diag
     assert any(u.strip() for u in st["user"]), diag
     assert any(a.strip() for a in st["agent"]), diag
     assert st["inputSent"] > FAKE_RATE, diag   # more than a second of microphone audio went up

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
 from .audio import BufferSink, chunks, read_wav, resample
@@ -11,7 +12,8 @@ from .latency import TurnReport
 from .loop import Engines, LoopConfig, VoiceLoop, run_stream
 from .protocols import ASR_RATE
 
-SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+#: The bundled recordings and their manifest (the ``samples`` package's data, wherever it is installed).
+SAMPLES = Path(str(resources.files("samples")))
 
 
 def manifest(samples: Path = SAMPLES) -> dict:

@@ -240,7 +240,8 @@
     for (const { r, bars } of rows) {
       for (const b of bars) { lo = Math.min(lo, b.a); hi = Math.max(hi, b.b); }
       const L = r.latency_ms || {};
-      for (const v of [L.voice_to_voice_ms, L.first_audio_ms, r.client && r.client.voice_to_voice_ms]) {
+      for (const v of [L.voice_to_voice_ms, L.first_audio_ms, r.client && r.client.voice_to_voice_ms,
+                       r.simulated && r.simulated.voice_to_voice_ms]) {
         if (isNum(v)) hi = Math.max(hi, v);
       }
     }
@@ -313,6 +314,15 @@
         dot.append(el("title", {}, `client voice-to-voice ${fmtMs(cv)}`));
         g.append(dot);
       }
+      const sim = r.simulated;
+      if (sim && isNum(sim.voice_to_voice_ms)) {   // the same turn on the simulated deployment
+        const sx = x(sim.voice_to_voice_ms), sy = y0 + 2 * laneH + 3;
+        const dia = el("path", { d: `M${sx},${sy - 5} L${sx + 5},${sy} L${sx},${sy + 5} L${sx - 5},${sy} Z`,
+                                 fill: "#17a2b8", class: "simulated" });
+        dia.append(el("title", {}, `on ${sim.deployment}: voice-to-voice ${fmtMs(sim.voice_to_voice_ms)}, ` +
+                                   `LLM first phrase ${sim.first_phrase_ms.toFixed(1)} ms, ${sim.token_ms.toFixed(2)} ms/token`));
+        g.append(dia);
+      }
       // Verdict, right of the plot.
       let verdict, ok = !!r.within_budget;
       if (!isNum(L.voice_to_voice_ms)) verdict = r.barge_in ? "no answer (barge-in)" : "no answer";
@@ -337,6 +347,8 @@
         [r.transcript || "", ""],
         [fmtMs(L.voice_to_voice_ms) + (r.client && isNum(r.client.voice_to_voice_ms)
           ? ` (here ${fmtMs(r.client.voice_to_voice_ms)})` : ""), "num"],
+        [r.simulated && isNum(r.simulated.voice_to_voice_ms)
+          ? `${fmtMs(r.simulated.voice_to_voice_ms)} on ${r.simulated.deployment}` : "–", "num sim"],
       ];
       const mit = Array.isArray(r.mitigation) ? r.mitigation.join(", ") : (r.mitigation || "");
       const verdict = r.within_budget ? "within budget"
