@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -200,14 +200,12 @@ class RealtimeSession:
                     self._deferred_engines = engines
         if "turn_detection" in ev.changed:
             td = cfg.turn_detection
-            lc = self.loop.cfg
             if td is None:
-                lc = replace(lc, turn_detection=False)
+                lc = self.loop.cfg.manual()
             else:
-                ep = replace(lc.endpointer, aggressiveness=min(3, int(td.threshold * 4)),
-                             stop_ms=min(2000, max(lc.endpointer.pause_ms + 30, td.silence_duration_ms)))
-                lc = replace(lc, turn_detection=True, barge_in=td.interrupt_response, endpointer=ep,
-                             padding_ms=min(1000, td.prefix_padding_ms))
+                lc = self.loop.cfg.with_turn_detection(threshold=td.threshold, silence_duration_ms=td.silence_duration_ms,
+                                                       prefix_padding_ms=td.prefix_padding_ms,
+                                                       interrupt_response=td.interrupt_response)
                 if not td.create_response:
                     self._send_error(P.ProtocolError("unsupported_value", "turn_detection.create_response=false is not supported: "
                                                      "every detected turn is answered", ev.event_id, "session.audio.input.turn_detection"))

@@ -1,4 +1,10 @@
-"""Shared fixtures: one loaded default model per test session (loading costs seconds)."""
+"""Shared fixtures (one loaded default model per test session: loading costs seconds) and the
+``engines`` marker: a test that loads a real engine (the model, Whisper, piper, a server or the
+CLI on them) is marked, so that ``pytest -m "not engines"`` runs the pure suites in seconds.
+
+The helper modules beside this file (``tiny_gguf``, ``quant_reference``, ``pulse``) are importable
+from every test folder: pytest puts this folder on ``sys.path`` when it loads this file.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,21 @@ from pathlib import Path
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+#: Fixtures that load a real engine: a test that uses one is an ``engines`` test.
+ENGINE_FIXTURES = frozenset({
+    "model", "generator", "tokenizer", "reference",  # the decode core on the real model
+    "transcriber", "piper", "espeak", "question_audio", "voice",  # Whisper, the voices
+    "engines", "played", "shared", "server", "pulse", "browser_available",  # whole pipelines, servers, devices
+})
+#: Modules whose every test runs the real engines (through the CLI in a subprocess, mostly).
+ENGINE_MODULES = frozenset({"test_cli", "test_voice_e2e", "test_browser", "test_mic", "test_server"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.module.__name__.rsplit(".", 1)[-1] in ENGINE_MODULES:
+            item.add_marker(pytest.mark.engines)
 
 
 @pytest.fixture(scope="session")

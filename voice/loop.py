@@ -32,6 +32,7 @@ import numpy as np
 from .audio import AudioChunk
 from .input_buffer import InputBuffer
 from .latency import TurnReport, TurnTrace
+from .loop_config import LoopConfig
 from .loop_events import (
     BargeIn,
     LoopEvent,
@@ -51,22 +52,6 @@ from .vad import State as VadState
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
 _SAMPLE_FIELDS = ("sample", "first_voiced_sample", "last_voiced_sample", "start_pad", "end_pad")  # of the VAD events
-
-
-@dataclass(frozen=True, slots=True)
-class LoopConfig:
-    budget_ms: float = 500.0
-    speculative: bool = True  # transcribe and start answering at a pause
-    ack: bool = False  # play a short acknowledgement when the answer is late
-    ack_after_ms: float = 400.0  # ... if no answer audio this long after the last voiced sample
-    max_sentences: int = 2  # spoken-style answers: stop after this many sentences
-    padding_ms: int = 200  # audio kept around the utterance for the ASR
-    #: The loop pauses earlier than the endpointer's own default (150 ms): speculative work that
-    #: starts 30 ms sooner is 30 ms of budget; a false pause costs one discarded transcription.
-    endpointer: EndpointerConfig = field(default_factory=lambda: EndpointerConfig(pause_ms=120))
-    turn_detection: bool = True  # False: turns end only by ``commit_input()`` (the VAD still runs, for bounds)
-    barge_in: bool = True  # speech over the answer interrupts it (False: speech while speaking is ignored)
-    pace: bool = False  # the answer follows the simulated deployment's clock (see the module docstring)
 
 
 @dataclass

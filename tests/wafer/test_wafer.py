@@ -18,7 +18,7 @@ from wafer.specs import CatalogueError, Param, hardware_from_dict, hardware_name
 from wafer.timing import WaferCost, calibrate, cost_model
 from wafer.validate import table
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------ catalogue
@@ -339,6 +339,7 @@ def test_cli_sim_json_and_plot(tmp_path):
     assert human.returncode == 0 and "tok/s per user" in human.stdout and "voice-to-voice" in human.stdout
 
 
+@pytest.mark.engines
 def test_cli_sim_runs_the_real_model_on_a_placement():
     out = wafervox("sim", "--model", "smollm2-135m", "--hardware", "wse3", "--wafers", "2", "--sequences", "2",
                    "--run", "8", "--json")
@@ -392,6 +393,7 @@ def _run_json(*args):
     return lines[:-1], lines[-1]["summary"]
 
 
+@pytest.mark.engines
 def test_every_turn_of_run_carries_the_simulated_block():
     """By default every turn's decode runs on this model on simulated CS-3 wafers; --deployment picks another."""
     turns, summary = _run_json()
@@ -406,6 +408,7 @@ def test_every_turn_of_run_carries_the_simulated_block():
     assert bad.returncode == 2 and "needs at least 4" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.engines
 def test_pace_on_the_virtual_clock_follows_the_simulated_llm_both_ways():
     """With --fast the clock charges the LLM stage its simulated time: a slow deployment's answer comes later
     than this machine's, a fast one's sooner, and the measured LLM span is the simulated one."""

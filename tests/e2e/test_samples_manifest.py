@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 MANIFEST = json.loads((SAMPLES / "manifest.json").read_text())
 TURNS: dict[str, dict] = MANIFEST["turns"]
 BARGE = MANIFEST["barge_in"]

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 CHROMIUM = Path("/usr/bin/chromium")
 SERVER_CMD = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", "0"]

@@ -17,7 +17,7 @@ from pulse import PulseServer
 from voice.audio import read_wav
 from voice.replay import SAMPLES, manifest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

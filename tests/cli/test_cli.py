@@ -12,7 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from tiny_gguf import write_tiny_llama
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def wafervox(*args, timeout=300):

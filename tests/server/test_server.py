@@ -25,7 +25,7 @@ from server.session import Limits
 from voice.audio import read_wav, resample
 from voice.replay import manifest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
 TOKEN = "test-token-123"
 

@@ -1,0 +1,49 @@
+"""The voice loop's settings (``LoopConfig``) and how a client's turn-detection settings map onto them.
+
+The loop runs its own endpointer (``voice.vad``); a client that speaks the Realtime API describes turn detection
+as ``server_vad`` with a threshold, a silence duration and a prefix padding.  ``LoopConfig.with_turn_detection``
+is that mapping, kept here beside the settings it changes, with its bounds named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .vad import EndpointerConfig
+
+#: The longest end-of-turn silence a client may ask for (ms): past it a turn would feel abandoned.
+MAX_STOP_MS = 2000
+#: The end-of-turn silence stays this far above the pause at which speculation starts (ms).
+STOP_OVER_PAUSE_MS = 30
+#: The most audio kept before the first voiced sample for the ASR (ms).
+MAX_PADDING_MS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    budget_ms: float = 500.0
+    speculative: bool = True  # transcribe and start answering at a pause
+    ack: bool = False  # play a short acknowledgement when the answer is late
+    ack_after_ms: float = 400.0  # ... if no answer audio this long after the last voiced sample
+    max_sentences: int = 2  # spoken-style answers: stop after this many sentences
+    padding_ms: int = 200  # audio kept around the utterance for the ASR
+    #: The loop pauses earlier than the endpointer's own default (150 ms): speculative work that
+    #: starts 30 ms sooner is 30 ms of budget; a false pause costs one discarded transcription.
+    endpointer: EndpointerConfig = field(default_factory=lambda: EndpointerConfig(pause_ms=120))
+    turn_detection: bool = True  # False: turns end only by ``commit_input()`` (the VAD still runs, for bounds)
+    barge_in: bool = True  # speech over the answer interrupts it (False: speech while speaking is ignored)
+    pace: bool = False  # the answer follows the simulated deployment's clock (see the module docstring)
+
+    def with_turn_detection(self, *, threshold: float, silence_duration_ms: int, prefix_padding_ms: int,
+                            interrupt_response: bool) -> LoopConfig:
+        """The settings for a client's ``server_vad`` turn detection: the threshold (0..1) picks webrtcvad's
+        aggressiveness (0..3), the silence duration the end-of-turn silence (kept above the pause, at most
+        ``MAX_STOP_MS``), the prefix padding the audio kept before speech for the ASR."""
+        ep = replace(self.endpointer, aggressiveness=min(3, int(threshold * 4)),
+                     stop_ms=min(MAX_STOP_MS, max(self.endpointer.pause_ms + STOP_OVER_PAUSE_MS, silence_duration_ms)))
+        return replace(self, turn_detection=True, barge_in=interrupt_response, endpointer=ep,
+                       padding_ms=min(MAX_PADDING_MS, prefix_padding_ms))
+
+    def manual(self) -> LoopConfig:
+        """Turns end only when the client commits its input."""
+        return replace(self, turn_detection=False)
