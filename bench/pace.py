@@ -20,37 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def start_server(extra: list[str]) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", "0", *extra],
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"the server exited (rc {proc.poll()}) before listening")
-        m = re.match(r"listening on http://127\.0\.0\.1:(\d+)", line)
-        if m:
-            return proc, int(m.group(1))
-    proc.kill()
-    raise SystemExit("the server did not start within 180 s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+from _serve import start_server, stop_server  # noqa: E402  (beside this script: its folder is on sys.path)
 
 
 def p50(values):
@@ -82,7 +58,7 @@ def main() -> None:
             asyncio.run(run_client(files, ClientOptions(url=f"ws://127.0.0.1:{port}/v1/realtime", tail_s=2.0),
                                    on_turn=turns.append))
         finally:
-            stop(proc)
+            stop_server(proc)
         sim = [t["simulated"] for t in turns if t.get("simulated")]
         results[name] = {
             "flags": extra, "turns": len(turns), "deployment": sim[0]["deployment"] if sim else None,

@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,20 +27,7 @@ import websockets
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def start_server(max_sessions: int) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-                             "--max-sessions", str(max_sessions)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"the server exited (rc {proc.poll()}) before listening")
-        m = re.match(r"listening on http://127\.0\.0\.1:(\d+)", line)
-        if m:
-            return proc, int(m.group(1))
-    proc.kill()
-    raise SystemExit("the server did not start within 180 s")
+from _serve import start_server, stop_server  # noqa: E402  (beside this script: its folder is on sys.path)
 
 
 def q(values, p):
@@ -105,7 +90,7 @@ def main() -> None:
 
     m = manifest()
     convs = [(name, [SAMPLES / f for f in files]) for name, files in m["conversations"].items() if name != "default"]
-    proc, port = start_server(max(args.sessions) + 1)  # + the ping probe
+    proc, port = start_server(["--max-sessions", str(max(args.sessions) + 1)])  # + the ping probe
     url = f"ws://127.0.0.1:{port}/v1/{'stream' if args.native else 'realtime'}"
     print(f"server on port {port}; {url}", flush=True)
     results = {}
@@ -123,11 +108,7 @@ def main() -> None:
                           "ping_rtt_ms": {"p50": q(rtts, 0.5), "p95": q(rtts, 0.95), "max": round(max(rtts), 1) if rtts else None},
                           "within_budget": sum(1 for v in client if v is not None and v <= args.budget_ms), "per_turn": turns}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
 
     b = args.budget_ms
     base = results.get(args.sessions[0], {}).get("client_v2v_ms", {}).get("p50")

@@ -3,7 +3,7 @@ run on its own thread so that its compute never holds up the event loop.
 
 The websocket adapter (``server.app``) only moves bytes: it ``submit()``s every client message and
 writes out what the session hands to ``emit(frame, droppable)``.  Everything else happens here, on
-the session thread: the codec (``server.protocol``) parses the message, the ``VoiceLoop`` is fed and
+the session thread: the codec (``server.realtime``) parses the message, the ``VoiceLoop`` is fed and
 stepped (``run_until``, polling the inbox between pieces of work), and the loop's events
 (``voice.loop_events``) become server events.  Output audio is resampled to the session's output
 rate and counted in output samples since the session began, which is the position the client's
