@@ -33,8 +33,7 @@ class ChatTemplate:
 
     @classmethod
     def from_gguf(cls, f, tokenizer) -> ChatTemplate:
-        field = f.metadata.get("tokenizer.chat_template")
-        source = field.contents() if field is not None else CHATML
+        source = f.metadata.get("tokenizer.chat_template", CHATML)
 
         def text(i):
             return tokenizer.tokens[i] if i is not None and 0 <= i < tokenizer.vocab_size else ""

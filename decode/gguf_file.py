@@ -1,8 +1,9 @@
 """Open a GGUF file: metadata into a frozen ``Config``, tensors as memory-mapped views.
 
-The ``gguf`` package parses the header and maps the file; this module checks what
-the decode core needs (llama architecture, supported tensor types, every tensor
-inside the file) and turns any problem into one ``ModelFileError`` line.
+``gguf_reader`` parses the header and maps the file (the ``gguf`` package's reader took
+seconds on a 49k-token vocabulary); this module checks what the decode core needs (llama
+architecture, supported tensor types, every tensor inside the file) and turns any problem
+into one ``ModelFileError`` line.  ``metadata`` holds plain Python values (arrays as lists).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ModelFileError
+from .gguf_reader import GGUFFormatError, read_gguf
 from .quant import BLOCK, QType
 
 GGUF_MAGIC = b"GGUF"
@@ -85,18 +87,22 @@ class GGUFFile:
     tensors: dict[str, Tensor]
 
 
-def _field(reader, key, default=None, required=True):
-    field = reader.fields.get(key)
-    if field is None:
+def _field(metadata: dict, key, default=None, required=True):
+    if key not in metadata:
         if required and default is None:
             raise ModelFileError(f"GGUF metadata lacks required key {key!r}")
         return default
-    return field.contents()
+    return metadata[key]
 
 
-def _metadata(reader) -> dict:
-    """Scalar and small-array metadata (long arrays such as the vocabulary read on demand)."""
-    return {key: field for key, field in reader.fields.items()}
+def _type_name(ggml_type: int) -> str:
+    """The GGML name of a tensor type id (for messages about types we do not run)."""
+    try:
+        from gguf import GGMLQuantizationType  # only on this error path: the package is slow to import
+
+        return GGMLQuantizationType(ggml_type).name
+    except (ImportError, ValueError):
+        return f"type {ggml_type}"
 
 
 def open_gguf(path: str | os.PathLike | None = None) -> GGUFFile:
@@ -110,70 +116,68 @@ def open_gguf(path: str | os.PathLike | None = None) -> GGUFFile:
         magic = fh.read(4)
     if magic != GGUF_MAGIC:
         raise ModelFileError(f"not a GGUF file (magic {magic!r}, expected b'GGUF'): {path}")
-    import gguf  # imported here: it is slow to import and only needed to open a model
-
     try:
-        reader = gguf.GGUFReader(path, "r")
-    except ValueError as exc:
-        if "GGMLQuantizationType" in str(exc):
-            raise ModelFileError(f"unknown tensor type in {path.name}: {exc}") from None
+        contents = read_gguf(path)
+    except GGUFFormatError as exc:
         raise ModelFileError(f"corrupt or truncated GGUF {path.name}: {exc}") from None
-    except (IndexError, OSError, UnicodeDecodeError, KeyError) as exc:
-        raise ModelFileError(f"corrupt or truncated GGUF {path.name}: {exc or type(exc).__name__}") from None
+    except OSError as exc:
+        raise ModelFileError(f"cannot read {path}: {exc.strerror or exc}") from None
 
-    size = path.stat().st_size
-    arch = _field(reader, "general.architecture")
+    md = contents.metadata
+    size = len(contents.mm)
+    arch = _field(md, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise ModelFileError(f"unsupported architecture {arch!r} in {path.name} (supported: {', '.join(SUPPORTED_ARCHS)})")
 
     tensors: dict[str, Tensor] = {}
-    for rt in reader.tensors:
+    for ti in contents.tensors:
         try:
-            qtype = QType(int(rt.tensor_type))
+            qtype = QType(ti.ggml_type)
         except ValueError:
             raise ModelFileError(
-                f"unsupported tensor type {rt.tensor_type.name} for {rt.name} in {path.name} "
+                f"unsupported tensor type {_type_name(ti.ggml_type)} for {ti.name} in {path.name} "
                 f"(supported: {', '.join(q.name for q in QType)})"
             ) from None
-        if rt.data_offset + rt.n_bytes > size:
-            raise ModelFileError(
-                f"truncated GGUF {path.name}: tensor {rt.name} ends at byte {rt.data_offset + rt.n_bytes}, file has {size}"
-            )
-        dims = tuple(int(d) for d in reversed(rt.shape.tolist()))  # (rows, cols), row-major
+        dims = tuple(int(d) for d in reversed(ti.dims))  # (rows, cols), row-major
+        elems, nbytes = BLOCK[qtype]
+        if dims[-1] % elems:
+            raise ModelFileError(f"tensor {ti.name} has rows of {dims[-1]} elements, not whole {qtype.name} blocks of {elems}")
+        rows = int(np.prod(dims[:-1])) if len(dims) > 1 else 1
+        row_bytes = dims[-1] // elems * nbytes
+        end = ti.offset + rows * row_bytes
+        if end > size:
+            raise ModelFileError(f"truncated GGUF {path.name}: tensor {ti.name} ends at byte {end}, file has {size}")
+        raw = contents.mm[ti.offset:end]
         if len(dims) == 1 and qtype == QType.F32:
-            data = np.asarray(rt.data).reshape(dims)
+            data = raw.view(np.float32).reshape(dims)
         else:
-            rows = int(np.prod(dims[:-1])) if len(dims) > 1 else 1
-            data = np.asarray(rt.data).view(np.uint8).reshape(rows, -1)
-            elems, nbytes = BLOCK[qtype]
-            if data.shape[1] != dims[-1] // elems * nbytes:
-                raise ModelFileError(f"tensor {rt.name} has {data.shape[1]} bytes per row, expected {dims[-1] // elems * nbytes}")
-        tensors[rt.name] = Tensor(name=rt.name, qtype=qtype, shape=dims, data=data)
+            data = raw.reshape(rows, row_bytes)
+        tensors[ti.name] = Tensor(name=ti.name, qtype=qtype, shape=dims, data=data)
 
-    config = _config(reader, tensors, path)
-    return GGUFFile(path=path, config=config, metadata=_metadata(reader), tensors=tensors)
+    config = _config(md, tensors, path)
+    return GGUFFile(path=path, config=config, metadata=md, tensors=tensors)
 
 
-def _config(reader, tensors, path) -> Config:
+def _config(md: dict, tensors, path) -> Config:
     a = "llama"
-    d_model = int(_field(reader, f"{a}.embedding_length"))
-    n_heads = int(_field(reader, f"{a}.attention.head_count"))
+    d_model = int(_field(md, f"{a}.embedding_length"))
+    n_heads = int(_field(md, f"{a}.attention.head_count"))
     head_dim = d_model // n_heads
     if "token_embd.weight" not in tensors:
         raise ModelFileError(f"{path.name} has no token_embd.weight tensor")
     vocab = tensors["token_embd.weight"].shape[0]
     return Config(
-        name=str(_field(reader, "general.name", default=path.stem, required=False)),
-        n_layers=int(_field(reader, f"{a}.block_count")),
+        name=str(_field(md, "general.name", default=path.stem, required=False)),
+        n_layers=int(_field(md, f"{a}.block_count")),
         d_model=d_model,
-        d_ff=int(_field(reader, f"{a}.feed_forward_length")),
+        d_ff=int(_field(md, f"{a}.feed_forward_length")),
         n_heads=n_heads,
-        n_kv_heads=int(_field(reader, f"{a}.attention.head_count_kv", default=n_heads, required=False)),
+        n_kv_heads=int(_field(md, f"{a}.attention.head_count_kv", default=n_heads, required=False)),
         head_dim=head_dim,
-        vocab_size=int(_field(reader, f"{a}.vocab_size", default=vocab, required=False)),
-        context_length=int(_field(reader, f"{a}.context_length")),
-        rope_base=float(_field(reader, f"{a}.rope.freq_base", default=10000.0, required=False)),
-        rope_dims=int(_field(reader, f"{a}.rope.dimension_count", default=head_dim, required=False)),
-        norm_eps=float(_field(reader, f"{a}.attention.layer_norm_rms_epsilon", default=1e-5, required=False)),
+        vocab_size=int(_field(md, f"{a}.vocab_size", default=vocab, required=False)),
+        context_length=int(_field(md, f"{a}.context_length")),
+        rope_base=float(_field(md, f"{a}.rope.freq_base", default=10000.0, required=False)),
+        rope_dims=int(_field(md, f"{a}.rope.dimension_count", default=head_dim, required=False)),
+        norm_eps=float(_field(md, f"{a}.attention.layer_norm_rms_epsilon", default=1e-5, required=False)),
         tied_embeddings="output.weight" not in tensors,
     )

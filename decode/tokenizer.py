@@ -92,8 +92,7 @@ class Tokenizer:
         fields = f.metadata
 
         def get(key, default=None):
-            field = fields.get(key)
-            return default if field is None else field.contents()
+            return fields.get(key, default)
 
         model = get("tokenizer.ggml.model")
         if model != "gpt2":
