@@ -3,14 +3,14 @@ warming them up, so that the first turn pays no load or compile cost."""
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from decode.batching import BatchingModel, ComputeThread
 
 from .llm import LLMConversation, Persona
 from .loop import Engines
@@ -79,45 +79,13 @@ def warm_turn(asr, llm, tts) -> None:
     llm.reset()
 
 
-class ComputeThread:
-    """One long-lived thread that makes every call into the numba decode core.  Its kernels run
-    OpenMP teams, and a team per calling thread is costly: with two threads taking turns, decode
-    measured 36-48 tok/s instead of 101-120 on this 2-core machine.  ``call`` runs ``fn`` there and
-    waits; calls from several sessions are served in arrival order (one token each)."""
-
-    def __init__(self, name: str = "decode"):
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            job = self._q.get()
-            if job is None:
-                return
-            fn, args, fut = job
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn(*args))
-                except BaseException as e:  # handed to the caller
-                    fut.set_exception(e)
-
-    def call(self, fn, *args):
-        if threading.current_thread() is self._thread:
-            return fn(*args)
-        fut: Future = Future()
-        self._q.put((fn, args, fut))
-        return fut.result()
-
-    def close(self) -> None:
-        self._q.put(None)
-
-
 class SharedEngines:
     """Engines loaded once and shared by many sessions (the server's): each session gets its own
-    conversation and KV cache on the one loaded model.  The voice is used under a lock, Whisper
-    and the decode core each only on its own ``ComputeThread``, so sessions take turns per piece
-    of work (a transcription, one token, one audio chunk) and never run the same engine at once."""
+    conversation and KV cache on the one loaded model.  The voice is used under a lock; Whisper and
+    the decode core each run only on their own ``ComputeThread`` (``decode.batching``: one OpenMP
+    team each).  The model is a ``BatchingModel``, so the decode steps of sessions that are all
+    answering at once run as one batched pass over the weights; everything else (prefills,
+    transcriptions, audio chunks) takes turns piece by piece."""
 
     def __init__(self, engines: Engines, compute: ComputeThread | None = None):
         self.base = engines
@@ -130,7 +98,9 @@ class SharedEngines:
     def load(cls, opts: EngineOptions = EngineOptions(), persona: Persona | None = None, progress=None) -> tuple[SharedEngines, dict]:
         """``load_engines`` on the compute thread (so that the warm-up runs where the decoding will)."""
         compute = ComputeThread()
-        engines, times = compute.call(load_engines, opts, persona, progress)
+        deploy = opts.deploy
+        batching = replace(opts, deploy=lambda model: BatchingModel(deploy(model) if deploy else model, compute))
+        engines, times = compute.call(load_engines, batching, persona, progress)
         return cls(engines, compute), times
 
     def session(self, persona: Persona | None = None) -> Engines:
@@ -139,16 +109,16 @@ class SharedEngines:
         gen = self.compute.call(base.generator.fork)
         llm = LLMConversation(gen, persona=persona or base.persona, max_tokens=base.max_tokens, sampling=base.sampling,
                               history_turns=base.history_turns)
-        return Engines(transcriber=_ComputeTranscriber(self.base.transcriber, self.asr), llm=_ComputeLLM(llm, self.compute),
+        return Engines(transcriber=_ComputeTranscriber(self.base.transcriber, self.asr), llm=llm,
                        tts=_LockedSynthesizer(self.base.tts, self.tts_lock), ack_pcm=self.base.ack_pcm,
                        project=self.base.project)
 
     def with_persona(self, engines: Engines, persona: Persona) -> Engines:
         """The same session with a new persona (``session.update`` instructions): history restarts."""
-        old = engines.llm.inner
+        old = engines.llm
         llm = LLMConversation(old.generator, persona=persona, max_tokens=old.max_tokens, sampling=old.sampling,
                               history_turns=old.history_turns)
-        return replace(engines, llm=_ComputeLLM(llm, self.compute))
+        return replace(engines, llm=llm)
 
 
 class _ComputeTranscriber:
@@ -175,44 +145,3 @@ class _LockedSynthesizer:
                 yield pcm
         finally:
             chunks.close()
-
-
-class _ComputeLLM:
-    """One session's ``LLMConversation`` whose compute (prefill, each token) runs on the compute thread."""
-
-    def __init__(self, inner: LLMConversation, compute: ComputeThread):
-        self.inner, self.compute = inner, compute
-
-    @property
-    def persona(self) -> Persona:
-        return self.inner.persona
-
-    @property
-    def history(self) -> list[dict]:
-        return self.inner.history
-
-    def prepare(self) -> int:
-        return self.compute.call(self.inner.prepare)
-
-    def reply(self, user_text: str):
-        pieces = self.inner.reply(user_text)
-        try:
-            while True:
-                piece = self.compute.call(next, pieces, None)
-                if piece is None:
-                    return
-                yield piece
-        finally:
-            self.compute.call(pieces.close)
-
-    def sim_elapsed_s(self) -> float | None:
-        return self.inner.sim_elapsed_s()
-
-    def commit(self, user_text: str, spoken: str) -> None:
-        self.inner.commit(user_text, spoken)
-
-    def amend_last(self, spoken: str) -> None:
-        self.inner.amend_last(spoken)
-
-    def reset(self) -> None:
-        self.inner.reset()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from decode.batching import forward_each
 from decode.model import Model, RunState
 
 from .clock import Timeline
@@ -86,6 +87,7 @@ class StagedModel:
         self.file, self.config, self.weights, self.n_ctx = model.file, model.config, model.weights, model.n_ctx
         self.ranges = local_ranges(placement, model.config.n_layers)
         self._n = placement.n_units
+        self._step: Timeline | None = None
 
     def new_state(self) -> StagedState:
         """Scratch buffers, an empty KV cache and a simulated clock at 0 for one sequence."""
@@ -128,11 +130,37 @@ class StagedModel:
                 out.append(m.head(s, p.x[-1:]))
 
         tl = schedule(self.cost, self._n, passes, on_start, lambda p, handle, now: [])
+        self._advance(s, tl, n)
+        return out[0]
+
+    def forward_batch(self, states: list[StagedState], tokens, positions) -> list[np.ndarray]:
+        """Single-token steps of several sequences in one pass over the weights here (the decode
+        core's ``forward_batch``, or one after another if it has none); each sequence's clock
+        advances by its own one-token step on the deployment, which serves each user's step in its
+        pipeline as the schedule says, whatever this machine batches."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        for i, p in enumerate(positions):
+            self.inner.check_tokens(tokens[i:i + 1], int(p))
+        batched = getattr(self.inner, "forward_batch", None)
+        out = batched(states, tokens, positions) if batched else forward_each(self.inner, states, tokens, positions)
+        tl = self._step_timeline()
+        for s in states:
+            self._advance(s, tl, 1)
+        return out
+
+    def _step_timeline(self) -> Timeline:
+        """The schedule of one decode step (what every single-token pass costs), worked out once."""
+        if self._step is None:
+            one = _Pass(_SEQ, 0, np.zeros(1, np.int64), 0, np.zeros((1, 1), np.float32), True)
+            self._step = schedule(self.cost, self._n, [one], lambda k, p: None, lambda p, handle, now: [])
+        return self._step
+
+    @staticmethod
+    def _advance(s: StagedState, tl: Timeline, tokens: int) -> None:
         s.sim.now_s += tl.makespan
         s.sim.passes += 1
-        s.sim.tokens += n
+        s.sim.tokens += tokens
         s.sim.last = tl
-        return out[0]
 
 
 def stage(model: Model, deployment: Deployment) -> StagedModel:

@@ -504,7 +504,6 @@ def test_input_at_another_rate_is_timed_with_its_resampler_lag():
 
 @pytest.mark.parametrize("protocol_name, cls_path", [
     ("Conversation", "voice.llm:LLMConversation"),
-    ("Conversation", "voice.engines:_ComputeLLM"),
     ("Clock", "voice.clock:RealClock"),
     ("Clock", "voice.clock:VirtualClock"),
     ("Sink", "voice.audio:BufferSink"),

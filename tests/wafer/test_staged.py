@@ -102,3 +102,21 @@ def test_gpu_deployments_serve_a_standard_batch_unless_told():
 
     with pytest.raises(CatalogueError, match="GPU systems only"):
         Deployment.parse("llama-3.1-70b@cs3x4,batch=8")
+
+
+def test_batched_steps_advance_each_sequence_by_its_own_step(model):
+    staged = _staged(model, "llama-3.1-70b@cs3x4")
+    states, refs = [], []
+    for i, n in enumerate((3, 5, 8)):
+        s, r = staged.new_state(), model.new_state()
+        ids = list(range(10 + i, 10 + i + n))
+        staged.forward(s, ids, 0)
+        model.forward(r, ids, 0)
+        states.append((s, n))
+        refs.append(model.forward(r, [99], n).copy())
+    before = [s.sim.now_s for s, _ in states]
+    out = staged.forward_batch([s for s, _ in states], [99, 99, 99], [n for _, n in states])
+    for (s, _), b, o, ref in zip(states, before, out, refs):
+        assert s.sim.now_s - b == pytest.approx(staged.cost.token_time(), rel=1e-12)
+        assert int(np.argmax(o)) == int(np.argmax(ref))
+        np.testing.assert_allclose(o, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))

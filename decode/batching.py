@@ -1,0 +1,144 @@
+"""One compute thread for every call into the decode core, stepping the sequences that wait together.
+
+numba's parallel kernels run an OpenMP team per calling thread, and several teams on two cores
+are slow (decode measured 36-48 tok/s instead of 101-120 with two threads taking turns), so all
+compute goes through one ``ComputeThread``.  Its ``call(fn, *args)`` runs any function there and
+waits.  ``BatchingModel`` is a model (``decode.Model``'s interface: ``new_state``, ``forward``) whose
+forward passes are such calls, with one difference: single-token decode steps of different
+sequences that are waiting at the same moment are run as one ``forward_batch`` (one pass over the
+weights for all of them), so concurrent sessions share the weight traffic instead of queueing for
+it.  The logits each caller gets are those of its own sequence, the same as ``forward`` gives.
+
+``Generator``, the voice loop and every session use a ``BatchingModel`` like any model, from as many
+threads as they like (one sequence per thread at a time, as always).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+
+import numpy as np
+
+#: The most sequences stepped in one batched pass.
+MAX_BATCH = 8
+
+
+class _Step:
+    """A forward pass asked for by some thread."""
+
+    __slots__ = ("model", "state", "tokens", "pos0", "future")
+
+    def __init__(self, model, state, tokens, pos0: int):
+        self.model, self.state, self.tokens, self.pos0 = model, state, tokens, pos0
+        self.future: Future = Future()
+
+    @property
+    def single(self) -> bool:
+        return len(self.tokens) == 1
+
+
+class ComputeThread:
+    """The thread that makes every numba call: ``call(fn, *args)`` runs ``fn`` there and returns its
+    result (or raises its exception); ``step(model, state, tokens, pos0)`` is a forward pass that may be
+    batched with other sequences' single-token steps waiting at the same time (``batches`` counts them)."""
+
+    def __init__(self, name: str = "decode", max_batch: int = MAX_BATCH):
+        self.max_batch = max_batch
+        self.batches: dict[int, int] = {}  # batch size -> passes run with it
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    # -- callers' side ----------------------------------------------------------------------------
+
+    def call(self, fn, *args):
+        if threading.current_thread() is self._thread:
+            return fn(*args)
+        fut: Future = Future()
+        self._q.put((fn, args, fut))
+        return fut.result()
+
+    def step(self, model, state, tokens, pos0: int):
+        if threading.current_thread() is self._thread:
+            return model.forward(state, tokens, pos0)
+        job = _Step(model, state, np.asarray(tokens, dtype=np.int64), pos0)
+        self._q.put(job)
+        return job.future.result()
+
+    def close(self) -> None:
+        self._q.put(None)
+
+    # -- the thread ------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        pending: list = []
+        while True:
+            job = pending.pop(0) if pending else self._q.get()
+            if job is None:
+                return
+            if isinstance(job, _Step) and job.single:
+                batch = [job]
+                while len(batch) < self.max_batch:  # everything already waiting: the other sessions' steps
+                    try:
+                        nxt = self._q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(nxt, _Step) and nxt.single and nxt.model is job.model:
+                        batch.append(nxt)
+                    else:
+                        pending.append(nxt)  # served next, in its turn
+                self._run_batch(batch)
+            elif isinstance(job, _Step):
+                _settle(job.future, job.model.forward, job.state, job.tokens, job.pos0)
+            else:
+                fn, args, fut = job
+                _settle(fut, fn, *args)
+
+    def _run_batch(self, batch: list[_Step]) -> None:
+        self.batches[len(batch)] = self.batches.get(len(batch), 0) + 1
+        if len(batch) == 1:
+            j = batch[0]
+            _settle(j.future, j.model.forward, j.state, j.tokens, j.pos0)
+            return
+        model = batch[0].model
+        forward_batch = getattr(model, "forward_batch", None) or (lambda states, toks, poss: forward_each(model, states, toks, poss))
+        try:
+            out = forward_batch([j.state for j in batch], np.concatenate([j.tokens for j in batch]),
+                                      [j.pos0 for j in batch])
+        except BaseException:  # find whose step failed: run them one by one, each gets its own outcome
+            for j in batch:
+                _settle(j.future, j.model.forward, j.state, j.tokens, j.pos0)
+            return
+        for j, logits in zip(batch, out):
+            if j.future.set_running_or_notify_cancel():
+                j.future.set_result(logits)
+
+
+def forward_each(model, states, tokens, positions) -> list[np.ndarray]:
+    """``forward_batch`` for a model without one: the sequences one after another."""
+    return [model.forward(s, tokens[i:i + 1], int(p)) for i, (s, p) in enumerate(zip(states, positions))]
+
+
+def _settle(fut: Future, fn, *args) -> None:
+    if not fut.set_running_or_notify_cancel():
+        return
+    try:
+        fut.set_result(fn(*args))
+    except BaseException as e:  # handed to the caller
+        fut.set_exception(e)
+
+
+class BatchingModel:
+    """``model`` whose forward passes run on ``compute`` (single-token steps batched across sequences)."""
+
+    def __init__(self, model, compute: ComputeThread):
+        self.inner, self.compute = model, compute
+        self.file, self.config, self.weights, self.n_ctx = model.file, model.config, model.weights, model.n_ctx
+
+    def new_state(self):
+        return self.inner.new_state()
+
+    def forward(self, s, tokens, pos0: int) -> np.ndarray:
+        return self.compute.step(self.inner, s, tokens, pos0)

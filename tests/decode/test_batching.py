@@ -1,0 +1,92 @@
+"""decode/batching.py: one compute thread for every session, their single-token steps batched."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from decode import Generator
+from decode.batching import BatchingModel, ComputeThread
+
+
+def _prompts(generator):
+    qs = ("When do you open?", "How much is a croissant?", "Where are you?", "Who owns the bakery?")
+    return [generator.encode_chat([{"role": "user", "content": q}]) for q in qs]
+
+
+def test_concurrent_sequences_get_their_own_tokens_and_share_passes(model, generator):
+    compute = ComputeThread("test-decode")
+    try:
+        batched = Generator(model=BatchingModel(model, compute))
+        prompts = _prompts(generator)
+        want = [generator.generate(p, max_tokens=12, stop_ids=()).token_ids for p in prompts]
+        got = [None] * len(prompts)
+
+        def run(i):
+            g = batched.fork()
+            got[i] = g.generate(prompts[i], max_tokens=12, stop_ids=()).token_ids
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert got == want
+        assert sum(n * k for n, k in compute.batches.items()) >= 4 * 11  # every decode step went through the gate
+    finally:
+        compute.close()
+
+
+def test_steps_waiting_together_run_as_one_batch(model, generator):
+    compute = ComputeThread("test-decode")
+    try:
+        bm = BatchingModel(model, compute)
+        states, logits_ref = [], []
+        for p in _prompts(generator):
+            s = model.new_state()
+            model.forward(s, p, 0)
+            states.append((s, len(p)))
+            ref = model.new_state()
+            model.forward(ref, p, 0)
+            logits_ref.append(model.forward(ref, [42], len(p)).copy())
+        hold = threading.Event()
+        busy = threading.Thread(target=compute.call, args=(hold.wait, 5))  # the compute thread is busy meanwhile
+        busy.start()
+        time.sleep(0.1)
+        out = [None] * len(states)
+
+        def step(i):
+            s, pos = states[i]
+            out[i] = bm.forward(s, [42], pos).copy()
+
+        threads = [threading.Thread(target=step, args=(i,)) for i in range(len(states))]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)  # all four steps are queued behind the held job
+        hold.set()
+        busy.join(10)
+        for t in threads:
+            t.join(60)
+        assert compute.batches.get(4) == 1, compute.batches
+        for a, b in zip(out, logits_ref):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
+            assert int(np.argmax(a)) == int(np.argmax(b))
+    finally:
+        compute.close()
+
+
+def test_a_bad_step_fails_alone(model):
+    compute = ComputeThread("test-decode")
+    try:
+        bm = BatchingModel(model, compute)
+        good, bad = model.new_state(), model.new_state()
+        model.forward(good, [1, 2, 3], 0)
+        assert np.isfinite(bm.forward(good, [4], 3)).all()
+        with pytest.raises(ValueError, match="out of range"):
+            bm.forward(bad, [10**9], 0)
+        assert compute.call(lambda x: x + 1, 1) == 2
+    finally:
+        compute.close()
