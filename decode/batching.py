@@ -44,8 +44,11 @@ class ComputeThread:
     result (or raises its exception); ``step(model, state, tokens, pos0)`` is a forward pass that may be
     batched with other sequences' single-token steps waiting at the same time (``batches`` counts them)."""
 
-    def __init__(self, name: str = "decode", max_batch: int = MAX_BATCH):
+    def __init__(self, name: str = "decode", max_batch: int = MAX_BATCH, cores: threading.Lock | None = None):
         self.max_batch = max_batch
+        #: held while a job runs: engines that share one (the decode core, Whisper, the voice) never run
+        #: their thread teams at the same time on the same cores
+        self.cores = cores if cores is not None else threading.Lock()
         self.batches: dict[int, int] = {}  # batch size -> passes run with it
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
@@ -78,23 +81,27 @@ class ComputeThread:
             job = pending.pop(0) if pending else self._q.get()
             if job is None:
                 return
-            if isinstance(job, _Step) and job.single:
-                batch = [job]
-                while len(batch) < self.max_batch:  # everything already waiting: the other sessions' steps
-                    try:
-                        nxt = self._q.get_nowait()
-                    except queue.Empty:
-                        break
-                    if isinstance(nxt, _Step) and nxt.single and nxt.model is job.model:
-                        batch.append(nxt)
-                    else:
-                        pending.append(nxt)  # served next, in its turn
-                self._run_batch(batch)
-            elif isinstance(job, _Step):
-                _settle(job.future, job.model.forward, job.state, job.tokens, job.pos0)
-            else:
-                fn, args, fut = job
-                _settle(fut, fn, *args)
+            with self.cores:
+                self._serve_one(job, pending)
+
+    def _serve_one(self, job, pending: list) -> None:
+        if isinstance(job, _Step) and job.single:
+            batch = [job]
+            while len(batch) < self.max_batch:  # everything already waiting: the other sessions' steps
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(nxt, _Step) and nxt.single and nxt.model is job.model:
+                    batch.append(nxt)
+                else:
+                    pending.append(nxt)  # served next, in its turn
+            self._run_batch(batch)
+        elif isinstance(job, _Step):
+            _settle(job.future, job.model.forward, job.state, job.tokens, job.pos0)
+        else:
+            fn, args, fut = job
+            _settle(fut, fn, *args)
 
     def _run_batch(self, batch: list[_Step]) -> None:
         self.batches[len(batch)] = self.batches.get(len(batch), 0) + 1

@@ -3,7 +3,6 @@ warming them up, so that the first turn pays no load or compile cost."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -81,17 +80,20 @@ def warm_turn(asr, llm, tts) -> None:
 
 class SharedEngines:
     """Engines loaded once and shared by many sessions (the server's): each session gets its own
-    conversation and KV cache on the one loaded model.  The voice is used under a lock; Whisper and
-    the decode core each run only on their own ``ComputeThread`` (``decode.batching``: one OpenMP
-    team each).  The model is a ``BatchingModel``, so the decode steps of sessions that are all
-    answering at once run as one batched pass over the weights; everything else (prefills,
-    transcriptions, audio chunks) takes turns piece by piece."""
+    conversation and KV cache on the one loaded model.  Whisper and the decode core each run only on
+    their own ``ComputeThread`` (``decode.batching``: one OpenMP team each), and they and the voice
+    take turns on the cores (one lock, held per piece of work).  The model is a ``BatchingModel``, so
+    the decode steps of sessions that are all answering at once run as one batched pass over the
+    weights; everything else (prefills, transcriptions, audio chunks) takes turns piece by piece."""
 
     def __init__(self, engines: Engines, compute: ComputeThread | None = None):
         self.base = engines
         self.compute = compute or ComputeThread()
-        self.asr = ComputeThread("asr")  # CTranslate2 has its own OpenMP: one calling thread for it too
-        self.tts_lock = threading.Lock()
+        # CTranslate2 has its own OpenMP: one calling thread for it too.  Whisper, the decode core and the
+        # voice each use every core while they run, so they take turns on them (one lock), never
+        # oversubscribing the two cores with three thread teams.
+        self.asr = ComputeThread("asr", cores=self.compute.cores)
+        self.tts_lock = self.compute.cores
         self.sample_rate = engines.tts.sample_rate
 
     @classmethod
