@@ -6,9 +6,9 @@ from numba.core.registry import CPUDispatcher
 
 
 def _dispatchers():
-    from . import ops, quant
+    from . import ops, qint, quant
 
-    for mod in (quant, ops):
+    for mod in (quant, qint, ops):
         for obj in vars(mod).values():
             if isinstance(obj, CPUDispatcher):
                 yield obj

@@ -4,19 +4,29 @@ Layout after llama2.c / gpt-fast: a frozen ``Config`` (from ``gguf_file``), read
 ``Weights`` that are views into the memory-mapped GGUF, and a ``RunState`` holding
 every scratch buffer and the KV cache, allocated once.  ``Model.layer`` runs one
 transformer block on a batch of hidden states; ``embed`` and ``head`` are the two
-ends.  Prefill runs a whole prompt chunk through each layer at once (matrix-matrix);
-decode is the same path with one token, using the matrix-vector kernels.
+ends.  Prefill runs a whole prompt chunk through each layer at once (matrix-matrix,
+float kernels on the file's blocks).  A decode step (one token) takes the integer
+kernels of ``qint`` by default: 8-bit activations against ``PackedWeights``, the Q4_0 /
+Q4_1 / Q8_0 matrices repacked at load (q|k|v and gate|up stacked, one call each);
+other types, and ``Model(..., int_kernels=False)``, keep the float matrix-vector
+kernels.  ``forward_batch`` steps several sequences, each with its own ``RunState``,
+by one token in one pass over the weights, with the same numbers as one ``forward``
+each.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import qint
 from .errors import ContextLengthError, ModelFileError
 from .gguf_file import Config, GGUFFile, Tensor, open_gguf
 from .ops import add_into, attention, embed, rmsnorm, rope, rope_tables, silu_mul
+from .qint import PackedMatrix
 from .quant import QType, matmat, matvec, matvec3
 
 #: Largest number of prompt tokens pushed through a layer in one pass.
@@ -108,6 +118,64 @@ def load_weights(f: GGUFFile) -> Weights:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PackedLayer:
+    """One block's matrices for the integer decode kernels (``None``: that product stays float)."""
+
+    qkv: PackedMatrix | None  # (n_heads*head_dim + 2*kv_dim, d_model): wq | wk | wv
+    wo: PackedMatrix | None  # (d_model, n_heads*head_dim)
+    gate_up: PackedMatrix | None  # (2*d_ff, d_model): w_gate | w_up
+    down: PackedMatrix | None  # (d_model, d_ff)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedWeights:
+    """The decode copies of the weights, repacked from the file's blocks (which stay the source)."""
+
+    layers: tuple[PackedLayer, ...]
+    head: PackedMatrix | None  # (vocab, d_model); the tied embedding's blocks when tied
+    seconds: float  # what the repack took at load
+
+    @property
+    def nbytes(self) -> int:
+        mats = [m for layer in self.layers for m in (layer.qkv, layer.wo, layer.gate_up, layer.down)] + [self.head]
+        return sum(m.nbytes for m in mats if m is not None)
+
+
+def pack_weights(w: Weights) -> PackedWeights:
+    """Repack every Q4_0 / Q4_1 / Q8_0 decode matrix of ``w`` for ``qint``'s kernels."""
+    t0 = time.perf_counter()
+
+    def pk(*mats: Tensor) -> PackedMatrix | None:
+        return qint.pack([(m.qtype, m.data) for m in mats])
+
+    layers = tuple(PackedLayer(qkv=pk(lw.wq, lw.wk, lw.wv), wo=pk(lw.wo), gate_up=pk(lw.w_gate, lw.w_up), down=pk(lw.w_down))
+                   for lw in w.layers)
+    head = pk(w.output)
+    return PackedWeights(layers=layers, head=head, seconds=time.perf_counter() - t0)
+
+
+class StepBuffers:
+    """Scratch of one decode step of ``rows`` sequences (one token each): the integer path's
+    stacked outputs, with q/k/v and gate/up as views, and the quantized activations."""
+
+    def __init__(self, cfg: Config, rows: int, logits: np.ndarray | None = None):
+        d, kv, ff = cfg.d_model, cfg.kv_dim, cfg.d_ff
+        qd = cfg.n_heads * cfg.head_dim
+        self.rows = rows
+        self.x = np.zeros((rows, d), np.float32)  # residual stream (forward_batch)
+        self.xb = np.zeros((rows, d), np.float32)
+        self.qkv = np.zeros((rows, qd + 2 * kv), np.float32)
+        self.q, self.k, self.v = self.qkv[:, :qd], self.qkv[:, qd:qd + kv], self.qkv[:, qd + kv:]
+        self.att = np.zeros((rows, qd), np.float32)
+        self.proj = np.zeros((rows, d), np.float32)
+        self.gu = np.zeros((rows, 2 * ff), np.float32)
+        self.gate, self.up = self.gu[:, :ff], self.gu[:, ff:]
+        self.final = np.zeros((rows, d), np.float32)
+        self.logits = np.zeros((rows, cfg.vocab_size), np.float32) if logits is None else logits
+        self.act = qint.Activations(max(d, qd, ff), rows)
+
+
 class RunState:
     """Every buffer the forward pass writes, allocated once: activations for a prefill
     chunk, the logits, and the KV cache ``(layers, context, kv_dim)`` in float32."""
@@ -130,6 +198,7 @@ class RunState:
         self.logits = np.zeros(cfg.vocab_size, np.float32)
         self.k_cache = np.zeros((cfg.n_layers, n_ctx, kv), np.float32)
         self.v_cache = np.zeros((cfg.n_layers, n_ctx, kv), np.float32)
+        self.step = StepBuffers(cfg, 1, logits=self.logits[None])  # a decode step's scratch
 
 
 class Model:
@@ -137,15 +206,20 @@ class Model:
 
     Each sequence has its own ``RunState`` (``new_state``), so several conversations
     can share one loaded model; one ``RunState`` must be used by one thread at a time.
+    ``int_kernels``: ``True`` (the integer decode kernels for this CPU), ``"vnni"`` or
+    ``"plain"`` (one implementation by name), or ``False`` (float kernels only).
     """
 
-    def __init__(self, path=None, n_ctx: int | None = None):
+    def __init__(self, path=None, n_ctx: int | None = None, int_kernels: bool | str = True):
         self.file = open_gguf(path)
         self.config = self.file.config
         self.weights = load_weights(self.file)
         cfg = self.config
         self.n_ctx = min(n_ctx or DEFAULT_CONTEXT, cfg.context_length)
         self.cos, self.sin = rope_tables(self.n_ctx, cfg.rope_dims, cfg.rope_base, self.weights.rope_freqs)
+        self.kernels = qint.select("auto" if int_kernels is True else int_kernels) if int_kernels else None
+        self.packed = pack_weights(self.weights) if self.kernels else None
+        self._batch = threading.local()  # forward_batch's scratch, per calling thread and batch size
 
     def new_state(self) -> RunState:
         """Scratch buffers and an empty KV cache for one sequence."""
@@ -161,17 +235,16 @@ class Model:
     def layer(self, s: RunState, i: int, x: np.ndarray, pos0: int) -> None:
         """Run block ``i`` on hidden states ``x (n, d_model)`` of positions ``pos0 .. pos0+n-1``,
         in place, writing their keys and values into ``s``'s KV cache."""
-        cfg, w = self.config, self.weights.layers[i]
         n = x.shape[0]
+        if n == 1:
+            self.step_layer(i, [s], [pos0], x, s.step)
+            return
+        cfg, w = self.config, self.weights.layers[i]
         xb, q, k, v = s.xb[:n], s.q[:n], s.k[:n], s.v[:n]
         rmsnorm(x, w.attn_norm, cfg.norm_eps, xb)
-        if n == 1:
-            matvec3(int(w.wq.qtype), w.wq.data, int(w.wk.qtype), w.wk.data, int(w.wv.qtype), w.wv.data,
-                    xb[0], q[0], k[0], v[0])
-        else:
-            matmat(int(w.wq.qtype), w.wq.data, xb, q)
-            matmat(int(w.wk.qtype), w.wk.data, xb, k)
-            matmat(int(w.wv.qtype), w.wv.data, xb, v)
+        matmat(int(w.wq.qtype), w.wq.data, xb, q)
+        matmat(int(w.wk.qtype), w.wk.data, xb, k)
+        matmat(int(w.wv.qtype), w.wv.data, xb, v)
         rope(q, cfg.n_heads, cfg.head_dim, cfg.rope_dims, pos0, self.cos, self.sin)
         rope(k, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims, pos0, self.cos, self.sin)
         kc, vc = s.k_cache[i], s.v_cache[i]
@@ -180,34 +253,78 @@ class Model:
         att = s.att[:n]
         attention(q, kc, vc, pos0, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, att)
         proj = s.proj[:n]
-        self._linear(w.wo, att, proj)
+        matmat(int(w.wo.qtype), w.wo.data, att, proj)
         add_into(x, proj)
 
         rmsnorm(x, w.ffn_norm, cfg.norm_eps, xb)
         gate, up = s.gate[:n], s.up[:n]
-        if n == 1:
-            g, u = w.w_gate, w.w_up
-            matvec3(int(g.qtype), g.data, int(u.qtype), u.data, int(u.qtype), u.data[:0], xb[0], gate[0], up[0], up[0, :0])
-        else:
-            matmat(int(w.w_gate.qtype), w.w_gate.data, xb, gate)
-            matmat(int(w.w_up.qtype), w.w_up.data, xb, up)
+        matmat(int(w.w_gate.qtype), w.w_gate.data, xb, gate)
+        matmat(int(w.w_up.qtype), w.w_up.data, xb, up)
         silu_mul(gate, up)
-        self._linear(w.w_down, gate, proj)
+        matmat(int(w.w_down.qtype), w.w_down.data, gate, proj)
         add_into(x, proj)
+
+    def step_layer(self, i: int, states: list[RunState], positions: list[int], x: np.ndarray, b: StepBuffers) -> None:
+        """Block ``i`` for one new token of each sequence: ``x (B, d_model)`` row ``r`` is the token
+        of ``states[r]`` at ``positions[r]``.  The matrix products run once for all rows (integer
+        kernels where packed, else a float matrix-vector product per row); RoPE, the cache and
+        attention per sequence.  Row ``r``'s numbers do not depend on the other rows."""
+        cfg, w = self.config, self.weights.layers[i]
+        p = self.packed.layers[i] if self.packed else None
+        ker = self.kernels
+        nrows = x.shape[0]
+        rmsnorm(x, w.attn_norm, cfg.norm_eps, b.xb)
+        if p and p.qkv:
+            ker(p.qkv, b.xb, b.act, b.qkv)
+        else:
+            for r in range(nrows):
+                matvec3(int(w.wq.qtype), w.wq.data, int(w.wk.qtype), w.wk.data, int(w.wv.qtype), w.wv.data,
+                        b.xb[r], b.q[r], b.k[r], b.v[r])
+        for r, (s, pos) in enumerate(zip(states, positions, strict=True)):
+            q, k = b.q[r:r + 1], b.k[r:r + 1]
+            rope(q, cfg.n_heads, cfg.head_dim, cfg.rope_dims, pos, self.cos, self.sin)
+            rope(k, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims, pos, self.cos, self.sin)
+            kc, vc = s.k_cache[i], s.v_cache[i]
+            kc[pos] = k[0]
+            vc[pos] = b.v[r]
+            attention(q, kc, vc, pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, b.att[r:r + 1])
+        if p and p.wo:
+            ker(p.wo, b.att, b.act, x, add=True)
+        else:
+            for r in range(nrows):
+                matvec(int(w.wo.qtype), w.wo.data, b.att[r], b.proj[r])
+            add_into(x, b.proj)
+
+        rmsnorm(x, w.ffn_norm, cfg.norm_eps, b.xb)
+        if p and p.gate_up:
+            ker(p.gate_up, b.xb, b.act, b.gu)
+        else:
+            g, u = w.w_gate, w.w_up
+            for r in range(nrows):
+                matvec3(int(g.qtype), g.data, int(u.qtype), u.data, int(u.qtype), u.data[:0], b.xb[r], b.gate[r], b.up[r], b.up[r, :0])
+        if p and p.down:
+            ker(p.down, b.gu, b.act, x, add=True, swiglu=True)
+        else:
+            for r in range(nrows):
+                silu_mul(b.gate[r:r + 1], b.up[r:r + 1])
+                matvec(int(w.w_down.qtype), w.w_down.data, b.gate[r], b.proj[r])
+            add_into(x, b.proj)
 
     def head(self, s: RunState, x_last: np.ndarray) -> np.ndarray:
         """Final norm and output projection of one hidden state ``(1, d_model)``; returns the logits."""
-        w = self.weights
-        rmsnorm(x_last, w.output_norm, self.config.norm_eps, s.final)
-        matvec(int(w.output.qtype), w.output.data, s.final[0], s.logits)
-        return s.logits
+        return self._head(x_last, s.step)[0]
 
-    @staticmethod
-    def _linear(wt: Tensor, x: np.ndarray, out: np.ndarray) -> None:
-        if x.shape[0] == 1:
-            matvec(int(wt.qtype), wt.data, x[0], out[0])
+    def _head(self, x: np.ndarray, b: StepBuffers) -> np.ndarray:
+        """The logits ``(B, vocab)`` of hidden states ``x (B, d_model)``, into ``b.logits``."""
+        w, nrows = self.weights, x.shape[0]
+        final, logits = b.final[:nrows], b.logits[:nrows]
+        rmsnorm(x, w.output_norm, self.config.norm_eps, final)
+        if self.packed and self.packed.head:
+            self.kernels(self.packed.head, final, b.act, logits)
         else:
-            matmat(int(wt.qtype), wt.data, x, out)
+            for r in range(nrows):
+                matvec(int(w.output.qtype), w.output.data, final[r], logits[r])
+        return logits
 
     # -- whole passes ------------------------------------------------------------------------
 
@@ -239,3 +356,37 @@ class Model:
             for i in range(self.config.n_layers):
                 self.layer(s, i, x, pos0 + c0)
         return self.head(s, x[-1:])
+
+    def forward_batch(self, states: list[RunState], tokens, positions) -> list[np.ndarray]:
+        """One decode step of each sequence: ``tokens[r]`` at ``positions[r]`` of ``states[r]``, up
+        to ``qint.MAX_BATCH`` sequences per pass over the weights.  Returns each state's logits (its
+        own ``logits`` buffer), equal to what ``forward(states[r], [tokens[r]], positions[r])`` gives."""
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        positions = [int(p) for p in positions]
+        if not len(states) == len(tokens) == len(positions):
+            raise ValueError(f"forward_batch: {len(states)} states, {len(tokens)} tokens, {len(positions)} positions")
+        if len({id(s) for s in states}) != len(states):
+            raise ValueError("forward_batch: a sequence appears twice in one batch")
+        for r, pos in enumerate(positions):
+            self.check_tokens(tokens[r:r + 1], pos)
+        for c0 in range(0, len(states), qint.MAX_BATCH):
+            self._step_batch(states[c0:c0 + qint.MAX_BATCH], tokens[c0:c0 + qint.MAX_BATCH], positions[c0:c0 + qint.MAX_BATCH])
+        return [s.logits for s in states]
+
+    def _step_batch(self, states: list[RunState], tokens: np.ndarray, positions: list[int]) -> None:
+        b = self._batch_buffers(len(states))
+        x = b.x
+        self.embed(tokens, x)
+        for i in range(self.config.n_layers):
+            self.step_layer(i, states, positions, x, b)
+        logits = self._head(x, b)
+        for r, s in enumerate(states):
+            s.logits[:] = logits[r]
+
+    def _batch_buffers(self, rows: int) -> StepBuffers:
+        bufs = getattr(self._batch, "bufs", None)
+        if bufs is None:
+            bufs = self._batch.bufs = {}
+        if rows not in bufs:
+            bufs[rows] = StepBuffers(self.config, rows)
+        return bufs[rows]

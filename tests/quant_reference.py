@@ -168,3 +168,91 @@ def random_matrix(qtype: str, rows: int, cols: int, seed: int) -> np.ndarray:
     for offset, lo, hi in SCALE_FIELDS[qtype]:
         b[..., offset:offset + 2] = rng.uniform(lo, hi, (rows, cols // elems, 1)).astype("<f2").view(np.uint8)
     return b.reshape(rows, -1)
+
+
+# -- the integer decode path (decode/qint.py), written from its docstring -----------------------
+
+#: Rows per tile of the packed layout, and the code offset each integer type subtracts.
+LANES = 16
+INT_OFFSET = {"Q4_0": 8, "Q4_1": 0, "Q8_0": 128}
+
+
+def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """llama.cpp's 8-bit activations of rows ``x (B, n)``: per 32-block ``d = max|x| / 127``,
+    ``q = rint(x * (1 / d))`` (0 where ``d`` is 0), and ``sum(q)``; float32 throughout.
+    Returns ``q int8 (B, n)``, ``d float32 (B, n/32)``, ``sums int32 (B, n/32)``."""
+    x = np.asarray(x, np.float32)
+    xb = x.reshape(x.shape[0], -1, 32)
+    d = (np.abs(xb).max(axis=-1) / np.float32(127.0)).astype(np.float32)
+    inv = np.zeros_like(d)
+    np.divide(np.float32(1.0), d, out=inv, where=d != 0)
+    q = np.rint(xb * inv[..., None]).astype(np.int8)
+    return q.reshape(x.shape), d, q.astype(np.int32).sum(axis=-1).astype(np.int32)
+
+
+def int_codes(qtype: str, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The unsigned codes ``u (rows, blocks, 32)`` of a Q4_0 / Q4_1 / Q8_0 matrix in element order
+    (Q4: element ``j`` is the low nibble of ``qs[j]``, element ``j + 16`` its high nibble; Q8_0:
+    the int8 plus 128), its scales ``d`` and (Q4_1) mins ``m`` as float32 ``(rows, blocks)``."""
+    b = _blocks(w, qtype)
+    d = _f16(b[..., 0:2])[..., 0]
+    m = _f16(b[..., 2:4])[..., 0] if qtype == "Q4_1" else np.zeros_like(d)
+    if qtype == "Q8_0":
+        u = _i8(b[..., 2:34]).astype(np.int32) + 128
+    else:
+        qs = b[..., 4:20] if qtype == "Q4_1" else b[..., 2:18]
+        u = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int32)
+    return u, d, m
+
+
+def int_block_sums(u: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``S[s, row, b] = sum_j u[row, b, j] * q[s, b, j]``: the exact int32 sums, ``(B, rows, blocks)``."""
+    qb = q.reshape(q.shape[0], -1, 32).astype(np.int64)
+    return np.einsum("rbj,sbj->srb", u.astype(np.int64), qb).astype(np.int32)
+
+
+def int_matvec(qtype: str, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``W . x[s]`` the integer way, ``float32 (B, rows)``: block after block in order,
+    ``acc + (d * dx) * float(S - off * sx)`` (Q4_1: ``acc + ((d * dx) * float(S) + m * (dx * float(sx))``)."""
+    u, d, m = int_codes(qtype, w)
+    q, dx, sx = quantize_q8(x)
+    S = int_block_sums(u, q)
+    off = INT_OFFSET[qtype]
+    acc = np.zeros((x.shape[0], w.shape[0]), np.float32)
+    for b in range(u.shape[1]):
+        scale = d[None, :, b] * dx[:, b, None]
+        if qtype == "Q4_1":
+            acc = acc + (scale * S[:, :, b].astype(np.float32) + m[None, :, b] * (dx[:, b, None] * sx[:, b, None].astype(np.float32)))
+        else:
+            acc = acc + scale * (S[:, :, b] - off * sx[:, b, None]).astype(np.float32)
+    return acc
+
+
+def int_error_bound(dense: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """How far the integer product may be from ``dense . x`` through the activations' rounding
+    alone: ``sum_j |w[row, j]| * dx[b(j)] / 2``, ``(B, rows)``."""
+    _, dx, _ = quantize_q8(x)
+    half_step = np.repeat(dx, 32, axis=1).astype(np.float64) / 2  # (B, n)
+    return half_step @ np.abs(dense.astype(np.float64)).T
+
+
+def pack(qtype: str, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The tile layout of ``qint.PackedMatrix`` for GGUF matrix ``w``: ``qs (tiles, blocks, 64 * groups)``
+    (group ``g``, lane ``r``: 4 bytes of row ``16t + r``; Q4: the stored ``qs[4g : 4g + 4]``; Q8_0:
+    the int8 elements ``4g .. 4g + 3`` plus 128), f16 bits ``d`` and ``m (tiles, blocks, 16)``;
+    rows past the end are zero."""
+    b = _blocks(w, qtype)
+    rows, nb = b.shape[:2]
+    tiles = -(-rows // LANES)
+    pad = np.zeros((tiles * LANES, nb, b.shape[2]), np.uint8)
+    pad[:rows] = b
+    if qtype == "Q8_0":
+        quants = pad[..., 2:34] ^ np.uint8(128)
+        quants[rows:] = 0
+    else:
+        quants = pad[..., 4:20] if qtype == "Q4_1" else pad[..., 2:18]
+    groups = quants.shape[-1] // 4
+    qs = quants.reshape(tiles, LANES, nb, groups, 4).transpose(0, 2, 3, 1, 4).reshape(tiles, nb, groups * 64)
+    d = np.ascontiguousarray(pad[..., 0:2]).view("<u2")[..., 0].reshape(tiles, LANES, nb).transpose(0, 2, 1)
+    m = np.ascontiguousarray(pad[..., 2:4]).view("<u2")[..., 0].reshape(tiles, LANES, nb).transpose(0, 2, 1)
+    return np.ascontiguousarray(qs), np.ascontiguousarray(d), np.ascontiguousarray(m if qtype == "Q4_1" else m[:0])

@@ -1,0 +1,475 @@
+"""Integer matrix-vector kernels: 8-bit activations times 4/8-bit weights, int32 sums, one scale per block.
+
+llama.cpp's decode arithmetic.  The activation vector of each product is quantized once, per
+32-element block ``b``: ``dx[b] = max|x| / 127``, ``q = rint(x / dx[b])`` (int8) and the block's
+integer sum ``sx[b] = sum(q)``.  A weight block holds unsigned codes ``u`` (Q4: the nibble 0..15;
+Q8_0: the int8 plus 128), so each block's dot product is an exact int32 ``S = sum(u * q)`` and
+
+======  ==========================================================  ================
+type    block value                                                 offset ``off``
+======  ==========================================================  ================
+Q4_0    ``d * dx * (S - 8 * sx)``                                   8
+Q4_1    ``d * dx * S + m * (dx * sx)``                              0 (min term)
+Q8_0    ``d * dx * (S - 128 * sx)``                                 128
+======  ==========================================================  ================
+
+added into a float32 accumulator block after block, in block order (``combine``).
+
+Layout (``PackedMatrix``, repacked at load from the memory-mapped GGUF blocks, which stay
+untouched): rows in tiles of 16, one 32-bit lane per row.  For tile ``t`` and block ``b``,
+``qs[t, b]`` is 4 (Q4) or 8 (Q8_0) groups of 64 bytes; group ``g``, lane ``r`` holds 4 bytes of
+row ``16t + r``: for Q4 the GGML bytes ``qs[4g : 4g+4]`` as stored (low nibbles: elements
+``4g..4g+3``, high nibbles: ``16+4g..16+4g+3``), for Q8_0 elements ``4g..4g+3`` plus 128.  The
+f16 scales ``d[t, b, r]`` (and Q4_1's mins ``m``) sit in their own contiguous arrays, so a tile's
+block is one streak of ``qs`` plus 32 (64) bytes of halves: as many bytes as the GGUF block.
+With this layout a 64-byte load times one broadcast 4-byte activation group is one ``vpdpbusd``
+giving 16 rows' partial sums at once, and the 16 lanes finish as the 16 rows' results (no
+horizontal sums).
+
+Two implementations of the integer sums, chosen at load from the CPU (``select``): AVX-512 VNNI
+through ``decode.simd``'s intrinsics, and plain numba loops for any other CPU.  Both produce the
+same int32 sums and share ``combine`` (no fast-math: every float operation in a fixed order), so
+their results are identical.  Every kernel takes ``B`` activation rows (batched decode, B up to
+8): each weight block is read and unpacked once for all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from . import simd
+from .quant import F16_TABLE, QType
+
+#: Rows per tile (one 32-bit vector lane each).
+LANES = 16
+#: Bytes of one tile's block of quants: 4 groups of 64 (Q4_0/Q4_1), 8 groups (Q8_0).
+TILE_BLOCK_BYTES = {QType.Q4_0: 256, QType.Q4_1: 256, QType.Q8_0: 512}
+#: The weight types with integer kernels.
+INT_TYPES = tuple(TILE_BLOCK_BYTES)
+#: The most activation rows one call takes (the scratch of a batched call is sized by it).
+MAX_BATCH = 8
+
+_Q4_0, _Q4_1, _Q8_0 = int(QType.Q4_0), int(QType.Q4_1), int(QType.Q8_0)
+#: (block bytes, offset of the quants, has a min) of each GGUF block type.
+_GGUF_BLOCK = {QType.Q4_0: (18, 2, False), QType.Q4_1: (20, 4, True), QType.Q8_0: (34, 2, False)}
+
+_JIT = dict(cache=True, nogil=True)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedMatrix:
+    """One or more row-concatenated GGUF matrices of one type, in the tile layout above."""
+
+    qtype: QType
+    rows: int
+    cols: int
+    qs: np.ndarray  # (tiles, cols/32, 256 or 512) uint8
+    d: np.ndarray  # (tiles, cols/32, 16) uint16: f16 scales
+    m: np.ndarray  # (tiles, cols/32, 16) uint16: Q4_1's f16 mins; (0, cols/32, 16) otherwise
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.qs.nbytes + self.d.nbytes + self.m.nbytes)
+
+
+# -- repacking from the GGUF blocks ------------------------------------------------------------
+
+
+@njit(parallel=True, **_JIT)
+def _repack(src, bs, qoff, flip, row0, qs, d, m):
+    """Rows of GGUF matrix ``src`` (blocks of ``bs`` bytes: d at 0, min at 2 when ``m`` has tiles,
+    quants from ``qoff``) into rows ``row0 ..`` of the tile arrays; quant bytes are xor-ed with ``flip``."""
+    rows = src.shape[0]
+    nb, nbytes = qs.shape[1], qs.shape[2]
+    ngroups = nbytes // 64
+    has_m = m.shape[0] > 0
+    t_first = row0 // LANES
+    t_last = (row0 + rows - 1) // LANES
+    for t in prange(t_first, t_last + 1):
+        lo = max(row0, t * LANES)
+        hi = min(row0 + rows, t * LANES + LANES)
+        for b in range(nb):
+            o = b * bs
+            for row in range(lo, hi):
+                r = row - row0
+                lane = row - t * LANES
+                d[t, b, lane] = np.uint16(src[r, o]) | (np.uint16(src[r, o + 1]) << np.uint16(8))
+                if has_m:
+                    m[t, b, lane] = np.uint16(src[r, o + 2]) | (np.uint16(src[r, o + 3]) << np.uint16(8))
+                for g in range(ngroups):
+                    for i in range(4):
+                        qs[t, b, g * 64 + lane * 4 + i] = src[r, o + qoff + 4 * g + i] ^ flip
+
+
+def pack(mats) -> PackedMatrix | None:
+    """``mats`` (``(qtype, data)`` pairs, ``data`` a GGUF ``uint8 (rows, row_bytes)`` view) stacked
+    by rows into one ``PackedMatrix``; ``None`` unless all share one integer type and width."""
+    qtypes = {QType(q) for q, _ in mats}
+    if len(qtypes) != 1 or (qtype := qtypes.pop()) not in INT_TYPES:
+        return None
+    bs, qoff, has_min = _GGUF_BLOCK[qtype]
+    widths = {data.shape[1] for _, data in mats}
+    if len(widths) != 1:
+        return None
+    nb = widths.pop() // bs
+    rows = sum(data.shape[0] for _, data in mats)
+    tiles = (rows + LANES - 1) // LANES
+    qs = np.zeros((tiles, nb, TILE_BLOCK_BYTES[qtype]), np.uint8)
+    d = np.zeros((tiles, nb, LANES), np.uint16)
+    m = np.zeros((tiles if has_min else 0, nb, LANES), np.uint16)
+    flip = np.uint8(128 if qtype == QType.Q8_0 else 0)
+    row0 = 0
+    for _, data in mats:
+        _repack(data, bs, qoff, flip, row0, qs, d, m)
+        row0 += data.shape[0]
+    for a in (qs, d, m):
+        a.setflags(write=False)
+    return PackedMatrix(qtype, rows, nb * 32, qs, d, m)
+
+
+def timed_pack(mats) -> tuple[PackedMatrix | None, float]:
+    """``pack(mats)`` and the seconds it took."""
+    t0 = time.perf_counter()
+    p = pack(mats)
+    return p, time.perf_counter() - t0
+
+
+# -- the activations ----------------------------------------------------------------------------
+
+
+@njit(fastmath={"nnan", "ninf", "reassoc", "nsz"}, **_JIT)
+def _absmax32(x, o):
+    """``max |x[o : o + 32]|`` (exact in any order, so the loop may vectorize)."""
+    a = np.float32(0.0)
+    for j in range(32):
+        a = max(a, abs(x[o + j]))
+    return a
+
+
+@njit(**_JIT)
+def quantize_q8(x, xq, xd, xs):
+    """Rows ``x (B, n)`` as 8-bit blocks: ``xq`` (flat int8, ``B * n``), scales ``xd`` and integer
+    sums ``xs`` (flat, ``B * n / 32``), row after row.  ``q = rint(x * (1 / d))`` with ``d = max|x| / 127``
+    (llama.cpp's ``quantize_row_q8_0``; ties to even)."""
+    B, n = x.shape
+    nb = n // 32
+    for s in range(B):
+        for b in range(nb):
+            amax = _absmax32(x[s], b * 32)
+            dx = amax / np.float32(127.0)
+            inv = np.float32(1.0) / dx if dx != np.float32(0.0) else np.float32(0.0)
+            total = np.int32(0)
+            o = s * n + b * 32
+            for j in range(32):
+                q = np.int32(np.rint(x[s, b * 32 + j] * inv))
+                xq[o + j] = q
+                total += q
+            xd[s * nb + b] = dx
+            xs[s * nb + b] = total
+
+
+@njit(**_JIT)
+def swiglu_rows(x):
+    """``x[s, :n] = silu(x[s, :n]) * x[s, n:]`` for each row of ``x (B, 2n)`` (gate | up), in place."""
+    B, n2 = x.shape
+    n = n2 // 2
+    for s in range(B):
+        for j in range(n):
+            g = x[s, j]
+            x[s, j] = g / (np.float32(1.0) + np.float32(np.exp(-g))) * x[s, n + j]
+
+
+@njit(inline="always", **_JIT)
+def _prepare(x, swiglu, xq, xd, xs):
+    """Quantize the kernels' input: ``x``, or with ``swiglu`` the SwiGLU of ``x``'s gate | up halves."""
+    if swiglu:
+        swiglu_rows(x)
+        quantize_q8(x[:, :x.shape[1] // 2], xq, xd, xs)
+        return x.shape[1] // 2
+    quantize_q8(x, xq, xd, xs)
+    return x.shape[1]
+
+
+# -- the float half, shared by both integer implementations ---------------------------------------
+
+
+@njit(inline="always", **_JIT)
+def combine(q4_1, off, dsc, msc, isum, dx, sx, acc, s):
+    """Add one block of 16 rows into ``acc[s]``: ``isum`` their int32 sums, ``dsc``/``msc`` their
+    scales and mins as float32, ``dx``/``sx`` the activation block's scale and integer sum."""
+    if q4_1:
+        ms = dx * np.float32(sx)
+        for r in range(LANES):
+            acc[s, r] = acc[s, r] + ((dsc[r] * dx) * np.float32(isum[r]) + msc[r] * ms)
+    else:
+        c = off * sx
+        for r in range(LANES):
+            acc[s, r] = acc[s, r] + (dsc[r] * dx) * np.float32(isum[r] - c)
+
+
+@njit(inline="always", **_JIT)
+def _store(acc, out, t, rows, add):
+    B = out.shape[0]
+    for r in range(min(LANES, rows - t * LANES)):
+        row = t * LANES + r
+        for s in range(B):
+            out[s, row] = out[s, row] + acc[s, r] if add else acc[s, r]
+
+
+@njit(inline="always", **_JIT)
+def _halves_table(h, t, blk, out):
+    """``simd.fhalves`` of ``h[t, blk]``, by table (any CPU; the same exact values)."""
+    for r in range(LANES):
+        out[r] = F16_TABLE[h[t, blk, r]]
+
+
+@njit(inline="always", **_JIT)
+def _offset(qtype):
+    return 128 if qtype == _Q8_0 else (8 if qtype == _Q4_0 else 0)
+
+
+# -- integer sums: AVX-512 VNNI -----------------------------------------------------------------
+
+
+@njit(inline="always", **_JIT)
+def _q4_unpack(qs, base):
+    """The 4 groups of a Q4 tile block as 8 vectors of unsigned nibbles: (lo0, hi0, .. lo3, hi3)."""
+    mask = simd.vsplat(np.int32(0x0F0F0F0F))
+    v0 = simd.vload(qs, base)
+    v1 = simd.vload(qs, base + 64)
+    v2 = simd.vload(qs, base + 128)
+    v3 = simd.vload(qs, base + 192)
+    return (simd.vand(v0, mask), simd.vand(simd.vsrl4(v0), mask), simd.vand(v1, mask), simd.vand(simd.vsrl4(v1), mask),
+            simd.vand(v2, mask), simd.vand(simd.vsrl4(v2), mask), simd.vand(v3, mask), simd.vand(simd.vsrl4(v3), mask))
+
+
+@njit(inline="always", **_JIT)
+def _q4_dot(w, xq, xo):
+    """Sums of the unpacked Q4 block ``w`` times activations ``xq[xo : xo + 32]``, per lane."""
+    a = simd.vdpbusd(simd.vsplat(np.int32(0)), w[0], simd.vbcast4(xq, xo))
+    a = simd.vdpbusd(a, w[1], simd.vbcast4(xq, xo + 16))
+    a = simd.vdpbusd(a, w[2], simd.vbcast4(xq, xo + 4))
+    a = simd.vdpbusd(a, w[3], simd.vbcast4(xq, xo + 20))
+    a = simd.vdpbusd(a, w[4], simd.vbcast4(xq, xo + 8))
+    a = simd.vdpbusd(a, w[5], simd.vbcast4(xq, xo + 24))
+    a = simd.vdpbusd(a, w[6], simd.vbcast4(xq, xo + 12))
+    return simd.vdpbusd(a, w[7], simd.vbcast4(xq, xo + 28))
+
+
+@njit(inline="always", **_JIT)
+def _q8_load(qs, base):
+    return (simd.vload(qs, base), simd.vload(qs, base + 64), simd.vload(qs, base + 128), simd.vload(qs, base + 192),
+            simd.vload(qs, base + 256), simd.vload(qs, base + 320), simd.vload(qs, base + 384), simd.vload(qs, base + 448))
+
+
+@njit(inline="always", **_JIT)
+def _q8_dot(w, xq, xo):
+    a = simd.vdpbusd(simd.vsplat(np.int32(0)), w[0], simd.vbcast4(xq, xo))
+    a = simd.vdpbusd(a, w[1], simd.vbcast4(xq, xo + 4))
+    a = simd.vdpbusd(a, w[2], simd.vbcast4(xq, xo + 8))
+    a = simd.vdpbusd(a, w[3], simd.vbcast4(xq, xo + 12))
+    a = simd.vdpbusd(a, w[4], simd.vbcast4(xq, xo + 16))
+    a = simd.vdpbusd(a, w[5], simd.vbcast4(xq, xo + 20))
+    a = simd.vdpbusd(a, w[6], simd.vbcast4(xq, xo + 24))
+    return simd.vdpbusd(a, w[7], simd.vbcast4(xq, xo + 28))
+
+
+@njit(inline="always", **_JIT)
+def _vcombine(q4_1, off, d, m, a, dx, sx, acc):
+    """``combine`` on vectors (the VNNI path): the same float operations in the same order."""
+    if q4_1:
+        t = simd.fmul(simd.fmul(d, simd.fsplat(dx)), simd.vtofloat(a))
+        return simd.fadd(acc, simd.fadd(t, simd.fmul(m, simd.fsplat(dx * np.float32(sx)))))
+    return simd.fadd(acc, simd.fmul(simd.fmul(d, simd.fsplat(dx)), simd.vtofloat(simd.vsub(a, simd.vsplat(off * sx)))))
+
+
+@njit(inline="always", **_JIT)
+def _dot_vnni(is_q8, qs, base, xq, xo):
+    if is_q8:
+        return _q8_dot(_q8_load(qs, base), xq, xo)
+    return _q4_dot(_q4_unpack(qs, base), xq, xo)
+
+
+@njit(inline="always", **_JIT)
+def _tile1_vnni(qtype, qs, dh, mh, xq, xd, xs, t, acc):
+    """One activation row: the 16 lanes' accumulator stays in a register over the blocks."""
+    nb, nbytes = qs.shape[1], qs.shape[2]
+    q4_1, is_q8, off = qtype == _Q4_1, qtype == _Q8_0, _offset(qtype)
+    v = simd.fsplat(np.float32(0.0))
+    for blk in range(nb):
+        hb = (t * nb + blk) * LANES
+        d = simd.fhalves(dh, hb)
+        m = simd.fhalves(mh, hb) if q4_1 else d
+        a = _dot_vnni(is_q8, qs, (t * nb + blk) * nbytes, xq, blk * 32)
+        v = _vcombine(q4_1, off, d, m, a, xd[blk], xs[blk], v)
+    simd.fstore(acc, 0, v)
+
+
+@njit(inline="always", **_JIT)
+def _tile_vnni(qtype, qs, dh, mh, xq, xd, xs, n, t, acc):
+    """``B`` rows: each block's quants are loaded and unpacked once, then used for every row."""
+    B = acc.shape[0]
+    nb, nbytes = qs.shape[1], qs.shape[2]
+    q4_1, off = qtype == _Q4_1, _offset(qtype)
+    zero = simd.fsplat(np.float32(0.0))
+    for s in range(B):
+        simd.fstore(acc, s * LANES, zero)
+    for blk in range(nb):
+        hb = (t * nb + blk) * LANES
+        base = (t * nb + blk) * nbytes
+        d = simd.fhalves(dh, hb)
+        m = simd.fhalves(mh, hb) if q4_1 else d
+        if qtype == _Q8_0:
+            w = _q8_load(qs, base)
+            for s in range(B):
+                a = _q8_dot(w, xq, s * n + blk * 32)
+                i = s * nb + blk
+                simd.fstore(acc, s * LANES, _vcombine(q4_1, off, d, m, a, xd[i], xs[i], simd.fload(acc, s * LANES)))
+        else:
+            w = _q4_unpack(qs, base)
+            for s in range(B):
+                a = _q4_dot(w, xq, s * n + blk * 32)
+                i = s * nb + blk
+                simd.fstore(acc, s * LANES, _vcombine(q4_1, off, d, m, a, xd[i], xs[i], simd.fload(acc, s * LANES)))
+
+
+@njit(parallel=True, **_JIT)
+def qmatvec_vnni(qtype, qs, dh, mh, x, swiglu, xq, xd, xs, out, add, workers):
+    """``out[s] (+)= W . x[s]`` for the ``B`` rows of ``x (B, cols)``, ``W`` a ``PackedMatrix``'s
+    ``qs, d, m`` of type ``qtype``; ``out (B, rows)`` is overwritten, or added to when ``add``.
+    With ``swiglu``, ``x`` is ``(B, 2 * cols)`` gate | up and the input is ``silu(gate) * up``
+    (written over the gate half).  ``xq, xd, xs`` (flat, at least ``B * cols`` and ``B * cols / 32``)
+    receive the input quantized; the tiles are split in ``workers`` contiguous runs (one per thread)."""
+    n = _prepare(x, swiglu, xq, xd, xs)
+    B, rows = out.shape
+    ntiles = qs.shape[0]
+    nw = max(1, min(workers, ntiles))
+    for w in prange(nw):
+        acc = np.empty((B, LANES), np.float32)
+        for t in range(w * ntiles // nw, (w + 1) * ntiles // nw):
+            if B == 1:
+                _tile1_vnni(qtype, qs, dh, mh, xq, xd, xs, t, acc)
+            else:
+                _tile_vnni(qtype, qs, dh, mh, xq, xd, xs, n, t, acc)
+            _store(acc, out, t, rows, add)
+
+
+@njit(**_JIT)
+def block_isums_vnni(qtype, qs, xq, n, out):
+    """The raw int32 block sums ``out[s, row, b] = sum(u * q)`` of the VNNI path (for the tests)."""
+    ntiles, nb, nbytes = qs.shape
+    isum = np.empty(LANES, np.int32)
+    for t in range(ntiles):
+        for blk in range(nb):
+            base = (t * nb + blk) * nbytes
+            for s in range(out.shape[0]):
+                simd.vstore(isum, 0, _dot_vnni(qtype == _Q8_0, qs, base, xq, s * n + blk * 32))
+                for r in range(LANES):
+                    out[s, t * LANES + r, blk] = isum[r]
+
+
+# -- integer sums: plain numba ------------------------------------------------------------------
+
+
+@njit(inline="always", **_JIT)
+def _isum_plain(qtype, qs, t, blk, xq, xo, isum):
+    """``isum[r] = sum(u * q)`` for the 16 lanes of tile ``t``'s block ``blk``, activations from ``xq[xo]``."""
+    if qtype == _Q8_0:
+        for r in range(LANES):
+            a = np.int32(0)
+            for g in range(8):
+                for i in range(4):
+                    a += np.int32(qs[t, blk, g * 64 + r * 4 + i]) * np.int32(xq[xo + 4 * g + i])
+            isum[r] = a
+    else:
+        for r in range(LANES):
+            a = np.int32(0)
+            for g in range(4):
+                for i in range(4):
+                    u = np.int32(qs[t, blk, g * 64 + r * 4 + i])
+                    a += (u & 15) * np.int32(xq[xo + 4 * g + i]) + (u >> 4) * np.int32(xq[xo + 16 + 4 * g + i])
+            isum[r] = a
+
+
+@njit(parallel=True, **_JIT)
+def qmatvec_plain(qtype, qs, dh, mh, x, swiglu, xq, xd, xs, out, add, workers):
+    """``qmatvec_vnni`` in plain numba (any CPU): the same sums, the same combine, the same results."""
+    n = _prepare(x, swiglu, xq, xd, xs)
+    B, rows = out.shape
+    ntiles, nb = qs.shape[0], qs.shape[1]
+    q4_1 = qtype == _Q4_1
+    off = _offset(qtype)
+    nw = max(1, min(workers, ntiles))
+    for w in prange(nw):
+        dsc = np.empty(LANES, np.float32)
+        msc = np.zeros(LANES, np.float32)
+        isum = np.empty(LANES, np.int32)
+        acc = np.empty((B, LANES), np.float32)
+        for t in range(w * ntiles // nw, (w + 1) * ntiles // nw):
+            acc[:] = 0.0
+            for blk in range(nb):
+                _halves_table(dh, t, blk, dsc)
+                if q4_1:
+                    _halves_table(mh, t, blk, msc)
+                for s in range(B):
+                    _isum_plain(qtype, qs, t, blk, xq, s * n + blk * 32, isum)
+                    combine(q4_1, off, dsc, msc, isum, xd[s * nb + blk], xs[s * nb + blk], acc, s)
+            _store(acc, out, t, rows, add)
+
+
+@njit(**_JIT)
+def block_isums_plain(qtype, qs, xq, n, out):
+    """``block_isums_vnni`` in plain numba."""
+    ntiles, nb, _ = qs.shape
+    isum = np.empty(LANES, np.int32)
+    for t in range(ntiles):
+        for blk in range(nb):
+            for s in range(out.shape[0]):
+                _isum_plain(qtype, qs, t, blk, xq, s * n + blk * 32, isum)
+                for r in range(LANES):
+                    out[s, t * LANES + r, blk] = isum[r]
+
+
+# -- choosing the implementation ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IntKernels:
+    """The integer kernels one model uses: ``name`` is ``"vnni"`` or ``"plain"``."""
+
+    name: str
+    matvec: object  # qmatvec_vnni or qmatvec_plain
+    block_isums: object
+
+    def __call__(self, p: PackedMatrix, x: np.ndarray, act: Activations, out: np.ndarray,
+                 add: bool = False, swiglu: bool = False) -> None:
+        """``out (+)= p . x`` for each row of ``x (B, p.cols)`` (or of ``silu(gate) * up`` with
+        ``swiglu``); ``act`` takes the input quantized."""
+        self.matvec(int(p.qtype), p.qs, p.d, p.m, x, swiglu, act.q, act.d, act.s, out, add, numba.get_num_threads())
+
+
+def select(kind: str = "auto") -> IntKernels:
+    """``"vnni"`` when the CPU numba compiles for has AVX-512 VNNI (``"auto"``), else ``"plain"``."""
+    if kind == "auto":
+        kind = "vnni" if simd.has_vnni() else "plain"
+    if kind == "vnni":
+        if not simd.has_vnni():
+            raise ValueError("the VNNI kernels need a CPU with AVX-512 VNNI (avx512vnni, avx512bw)")
+        return IntKernels("vnni", qmatvec_vnni, block_isums_vnni)
+    if kind == "plain":
+        return IntKernels("plain", qmatvec_plain, block_isums_plain)
+    raise ValueError(f"unknown integer kernels {kind!r}: auto, vnni or plain")
+
+
+class Activations:
+    """Scratch for ``B`` quantized activation rows of up to ``n`` elements (flat, as the kernels take them)."""
+
+    def __init__(self, n: int, rows: int = 1):
+        self.q = np.zeros(rows * n, np.int8)
+        self.d = np.zeros(rows * n // 32, np.float32)
+        self.s = np.zeros(rows * n // 32, np.int32)

@@ -1,0 +1,263 @@
+"""512-bit integer vectors for numba: the few LLVM operations the integer kernels need, and the CPU check.
+
+numba has no vector type and LLVM does not turn plain loops into AVX-512 VNNI's ``vpdpbusd``
+(four unsigned-byte x signed-byte products added into each 32-bit lane), so this module
+declares a numba type ``I32x16`` for LLVM's ``<16 x i32>`` and intrinsics on it:
+
+=================================  ===========================================================
+``vload(a, i)``                    64 bytes of C-contiguous array ``a`` from element ``i``
+``vbcast4(a, i)``                  the 4 bytes of ``a`` at element ``i`` as an int32, in every lane
+``vsplat(v)``                      the int32 ``v`` in every lane
+``vand(a, b)``, ``vsrl4(a)``       bitwise and; logical shift right of each lane by 4
+``vdpbusd(acc, u, s)``             ``acc[l] + sum_k u8(u[l][k]) * i8(s[l][k])`` (exact, no saturation)
+``vstore(a, i, v)``                the 16 lanes into int32 array ``a`` from element ``i``
+``vsub(a, b)``                     lane-wise int32 difference
+``F32x16``: ``fsplat``, ``fadd``,  float32 vectors: splat, IEEE add and multiply (no fast-math
+``fmul``, ``fload``, ``fstore``    flags, so never fused or reordered), load, store
+``vtofloat(a)``                    int32 lanes as float32
+``fhalves(h, i)``                  16 f16 bit patterns of uint16 array ``h`` from ``i``, as float32
+=================================  ===========================================================
+
+``vdpbusd`` compiles only for a CPU with AVX-512 VNNI: call it only when ``has_vnni()`` says so
+(checked at load, from the features numba compiles for).  Everything else here is plain LLVM
+vector code that any x86-64 target lowers.
+"""
+
+from __future__ import annotations
+
+import numba
+from llvmlite import binding as ll
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+_I32 = ir.IntType(32)
+_V16 = ir.VectorType(_I32, 16)
+_F16 = ir.VectorType(ir.FloatType(), 16)
+
+
+class I32x16Type(types.Type):
+    """A ``<16 x i32>`` LLVM vector held in a numba variable (a zmm register once compiled)."""
+
+    def __init__(self):
+        super().__init__(name="I32x16")
+
+
+I32x16 = I32x16Type()
+
+
+@register_model(I32x16Type)
+class _I32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _V16)
+
+
+class F32x16Type(types.Type):
+    """A ``<16 x float>`` LLVM vector held in a numba variable."""
+
+    def __init__(self):
+        super().__init__(name="F32x16")
+
+
+F32x16 = F32x16Type()
+
+
+@register_model(F32x16Type)
+class _F32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _F16)
+
+
+def _element_ptr(context, builder, arrty, arr, index):
+    """Pointer to element ``index`` of a C-contiguous array value."""
+    a = context.make_array(arrty)(context, builder, arr)
+    return builder.gep(a.data, [index])
+
+
+@intrinsic
+def vload(typingctx, arr, index):
+    """64 bytes of ``arr`` starting at (flat) element ``index``, unaligned."""
+    if not isinstance(arr, types.Array) or arr.layout != "C":
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
+        return builder.load(builder.bitcast(p, _V16.as_pointer()), align=1)
+
+    return I32x16(arr, types.intp), codegen
+
+
+def _splat(builder, v):
+    vec = builder.insert_element(ir.Constant(_V16, ir.Undefined), v, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(vec, vec, ir.Constant(_V16, None))
+
+
+@intrinsic
+def vbcast4(typingctx, arr, index):
+    """The 4 bytes of ``arr`` at (flat) element ``index`` read as one int32, in all 16 lanes."""
+    if not isinstance(arr, types.Array) or arr.layout != "C":
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
+        return _splat(builder, builder.load(builder.bitcast(p, _I32.as_pointer()), align=1))
+
+    return I32x16(arr, types.intp), codegen
+
+
+@intrinsic
+def vsplat(typingctx, v):
+    """The int32 ``v`` in all 16 lanes."""
+    def codegen(context, builder, sig, args):
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32))
+
+    return I32x16(v), codegen
+
+
+@intrinsic
+def vand(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], args[1])
+
+    return I32x16(I32x16, I32x16), codegen
+
+
+@intrinsic
+def vsrl4(typingctx, a):
+    """Each 32-bit lane shifted right by 4, zeros in (the high nibbles of every byte, once masked)."""
+    def codegen(context, builder, sig, args):
+        return builder.lshr(args[0], _splat(builder, ir.Constant(_I32, 4)))
+
+    return I32x16(I32x16), codegen
+
+
+@intrinsic
+def vdpbusd(typingctx, acc, u, s):
+    """AVX-512 VNNI ``vpdpbusd``: per lane, ``acc`` plus the four products of ``u``'s unsigned bytes
+    with ``s``'s signed bytes (wrapping int32, which the kernels' sums never reach)."""
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_V16, [_V16, _V16, _V16])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(fn, args)
+
+    return I32x16(I32x16, I32x16, I32x16), codegen
+
+
+@intrinsic
+def vstore(typingctx, arr, index, v):
+    """The 16 lanes of ``v`` into int32 array ``arr`` at (flat) elements ``index .. index + 15``."""
+    if not isinstance(arr, types.Array) or arr.layout != "C" or arr.dtype != types.int32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(p, _V16.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(arr, types.intp, I32x16), codegen
+
+
+@intrinsic
+def vsub(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], args[1])
+
+    return I32x16(I32x16, I32x16), codegen
+
+
+@intrinsic
+def vtofloat(typingctx, a):
+    """Each int32 lane as float32 (exact below 2**24)."""
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], _F16)
+
+    return F32x16(I32x16), codegen
+
+
+@intrinsic
+def fsplat(typingctx, v):
+    """The float32 ``v`` in all 16 lanes."""
+    def codegen(context, builder, sig, args):
+        x = context.cast(builder, args[0], sig.args[0], types.float32)
+        vec = builder.insert_element(ir.Constant(_F16, ir.Undefined), x, ir.Constant(_I32, 0))
+        return builder.shuffle_vector(vec, vec, ir.Constant(_V16, None))
+
+    return F32x16(v), codegen
+
+
+@intrinsic
+def fadd(typingctx, a, b):
+    """Lane-wise IEEE float32 ``a + b`` (no fast-math flags: never fused or reordered)."""
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+
+    return F32x16(F32x16, F32x16), codegen
+
+
+@intrinsic
+def fmul(typingctx, a, b):
+    """Lane-wise IEEE float32 ``a * b``."""
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1])
+
+    return F32x16(F32x16, F32x16), codegen
+
+
+@intrinsic
+def fload(typingctx, arr, index):
+    """16 float32 of ``arr`` from (flat) element ``index``."""
+    if not isinstance(arr, types.Array) or arr.layout != "C" or arr.dtype != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
+        return builder.load(builder.bitcast(p, _F16.as_pointer()), align=4)
+
+    return F32x16(arr, types.intp), codegen
+
+
+@intrinsic
+def fstore(typingctx, arr, index, v):
+    """The 16 lanes of ``v`` into float32 array ``arr`` at (flat) elements ``index .. index + 15``."""
+    if not isinstance(arr, types.Array) or arr.layout != "C" or arr.dtype != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(p, _F16.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(arr, types.intp, F32x16), codegen
+
+
+@intrinsic
+def fhalves(typingctx, h, index):
+    """The 16 IEEE halves stored as uint16 in ``h`` from (flat) element ``index``, as float32
+    (exact; one ``vcvtph2ps``)."""
+    if not isinstance(h, types.Array) or h.layout != "C" or h.dtype != types.uint16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        half16 = ir.VectorType(ir.HalfType(), 16)
+        p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
+        return builder.fpext(builder.load(builder.bitcast(p, half16.as_pointer()), align=2), _F16)
+
+    return F32x16(h, types.intp), codegen
+
+
+def target_features() -> set[str]:
+    """The CPU features numba compiles for: ``NUMBA_CPU_FEATURES`` when set, else the host's
+    (empty when ``NUMBA_CPU_NAME`` names another CPU without listing its features)."""
+    if numba.config.CPU_FEATURES:
+        return {f[1:] for f in numba.config.CPU_FEATURES.split(",") if f.startswith("+")}
+    if numba.config.CPU_NAME and numba.config.CPU_NAME != "host":
+        return set()
+    feats = ll.get_host_cpu_features()
+    return {name for name, on in feats.items() if on}
+
+
+def has_vnni() -> bool:
+    """Whether ``vdpbusd`` (and the 512-bit vectors around it) can be compiled for this target."""
+    f = target_features()
+    return {"avx512vnni", "avx512bw", "avx512f"} <= f

@@ -1,0 +1,243 @@
+"""The integer kernels of ``decode/qint.py`` against the NumPy references of ``quant_reference.py``.
+
+The repack against the layout written out in NumPy, the activation quantizer bit for bit, the
+int32 block sums exactly, the products bit for bit (the float operations and their order per block
+are fixed, with no fast-math), the reference itself against ``gguf.quants.dequantize`` within the error the 8-bit
+activations allow, and the VNNI implementation against the plain one (identical numbers), on odd
+shapes: rows that are no multiple of the 16-row tile, rows of 32 to 1536 elements, 1 to 8
+activation rows.  A reference with the nibble halves swapped fails, which shows the tests can fail.
+"""
+
+from __future__ import annotations
+
+import zlib
+from functools import cache
+
+import gguf
+import numpy as np
+import pytest
+import quant_reference as ref
+from quant_reference import DEQUANT, random_matrix
+
+from decode import qint, simd
+from decode.quant import QType
+
+TYPES = ("Q4_0", "Q4_1", "Q8_0")
+COLS = (32, 96, 576, 1536)
+ROWS = (7, 16, 130)  # under one tile, exactly one, eight tiles and a 2-row tail
+BATCH = (1, 3, 8)
+KINDS = ["plain", pytest.param("vnni", marks=pytest.mark.skipif(not simd.has_vnni(), reason="no AVX-512 VNNI"))]
+
+
+def _seed(*key) -> int:
+    return zlib.crc32(repr(key).encode())
+
+
+@cache
+def matrix(qtype: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    w = random_matrix(qtype, rows, cols, _seed(qtype, rows, cols, seed))
+    w.setflags(write=False)  # as the memory-mapped weights are
+    return w
+
+
+@cache
+def packed(qtype: str, rows: int, cols: int) -> qint.PackedMatrix:
+    return qint.pack([(QType[qtype], matrix(qtype, rows, cols))])
+
+
+def activations(shape, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+    x[..., :32] *= 40.0  # blocks of very different scales
+    if x.shape[-1] >= 64:
+        x[..., 32:64] = 0.0  # an all-zero block: scale 0
+    return x
+
+
+def run(kind: str, p: qint.PackedMatrix, x: np.ndarray, **kw) -> np.ndarray:
+    out = kw.pop("out", None)
+    out = np.full((x.shape[0], p.rows), np.nan, np.float32) if out is None else out
+    qint.select(kind)(p, x, qint.Activations(p.cols, x.shape[0]), out, **kw)
+    return out
+
+
+# -- the layout ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_pack_is_the_tile_layout(qtype, cols, rows):
+    w = matrix(qtype, rows, cols)
+    before = w.copy()
+    p = packed(qtype, rows, cols)
+    qs, d, m = ref.pack(qtype, w)
+    assert (p.qtype, p.rows, p.cols) == (QType[qtype], rows, cols)
+    np.testing.assert_array_equal(p.qs, qs)
+    np.testing.assert_array_equal(p.d, d)
+    np.testing.assert_array_equal(p.m, m)
+    np.testing.assert_array_equal(w, before)
+    assert not any(np.shares_memory(a, w) for a in (p.qs, p.d, p.m))
+    assert not p.qs.flags.writeable
+    assert p.nbytes == p.qs.nbytes + p.d.nbytes + p.m.nbytes
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_pack_stacks_matrices_by_rows(qtype):
+    """q | k | v as the model packs them: 130 + 7 + 16 rows, the tile boundaries inside matrices."""
+    parts = [matrix(qtype, r, 96, seed=i) for i, r in enumerate((130, 7, 16))]
+    p = qint.pack([(QType[qtype], w) for w in parts])
+    qs, d, m = ref.pack(qtype, np.concatenate(parts))
+    np.testing.assert_array_equal(p.qs, qs)
+    np.testing.assert_array_equal(p.d, d)
+    np.testing.assert_array_equal(p.m, m)
+
+
+def test_pack_declines_what_it_cannot_run():
+    q4, q8 = matrix("Q4_0", 16, 96), matrix("Q8_0", 16, 96)
+    assert qint.pack([(QType.Q4_0, q4), (QType.Q8_0, q8)]) is None  # mixed types
+    assert qint.pack([(QType.Q4_K, np.zeros((16, 144), np.uint8))]) is None  # K-quants stay float
+    assert qint.pack([(QType.Q4_0, q4), (QType.Q4_0, matrix("Q4_0", 16, 64))]) is None  # different widths
+
+
+# -- the activations ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("batch", BATCH)
+def test_quantize_matches_reference_bit_for_bit(cols, batch):
+    x = activations((batch, cols), _seed("q8", batch, cols))
+    act = qint.Activations(cols, batch)
+    qint.quantize_q8(x, act.q, act.d, act.s)
+    q, d, s = ref.quantize_q8(x)
+    np.testing.assert_array_equal(act.q.reshape(batch, cols), q)
+    np.testing.assert_array_equal(act.d.reshape(batch, -1), d)
+    np.testing.assert_array_equal(act.s.reshape(batch, -1), s)
+    assert np.abs(q).max() == 127
+    assert (d >= 0).all() and (d == 0).any() == (cols >= 64)
+
+
+def test_quantize_rounds_ties_to_even():
+    x = np.zeros((1, 32), np.float32)
+    x[0, :4] = [127.0, 0.5, 1.5, -2.5]  # d = 1 exactly
+    act = qint.Activations(32)
+    qint.quantize_q8(x, act.q, act.d, act.s)
+    assert act.q[:4].tolist() == [127, 0, 2, -2]
+    assert act.d[0] == 1.0 and act.s[0] == 127
+
+
+# -- the reference against gguf -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cols", (96, 576))
+@pytest.mark.parametrize("qtype", TYPES)
+def test_reference_is_gguf_dequantize_within_activation_rounding(qtype, cols):
+    w = matrix(qtype, 130, cols)
+    x = activations((3, cols), _seed("gguf", cols))
+    dense = gguf.quants.dequantize(w, gguf.GGMLQuantizationType[qtype]).reshape(130, cols)
+    exact = x.astype(np.float64) @ dense.astype(np.float64).T
+    ours = ref.int_matvec(qtype, w, x)
+    bound = ref.int_error_bound(dense, x)
+    err = np.abs(ours - exact)
+    float_slack = 1e-5 * np.abs(exact).max()
+    assert (err <= bound + float_slack).all(), float((err - bound).max())
+    assert err.max() > 1e-3 * bound.max()  # it is the quantized product, not the float one
+    np.testing.assert_array_equal(DEQUANT[qtype](w), dense)  # the codes' reading is gguf's
+
+
+def test_reference_with_swapped_nibbles_is_caught():
+    """Reading Q4 codes high nibble first breaks the bound several times over."""
+    w = matrix("Q4_1", 130, 576)
+    x = activations((1, 576), 5)
+    dense = gguf.quants.dequantize(w, gguf.GGMLQuantizationType.Q4_1).reshape(130, 576)
+    exact = x.astype(np.float64) @ dense.astype(np.float64).T
+    u, d, m = ref.int_codes("Q4_1", w)
+    swapped = np.concatenate([u[..., 16:], u[..., :16]], axis=-1)
+    q, dx, sx = ref.quantize_q8(x)
+    S = ref.int_block_sums(swapped, q)
+    wrong = ((d[None] * dx[:, None]) * S + m[None] * (dx * sx)[:, None]).sum(axis=-1)
+    assert (np.abs(wrong - exact) > ref.int_error_bound(dense, x)).mean() > 0.5
+
+
+# -- the integer sums -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_block_sums_are_exact(kind, qtype, cols):
+    rows, batch = 130, 3
+    p = packed(qtype, rows, cols)
+    x = activations((batch, cols), _seed("S", cols))
+    act = qint.Activations(cols, batch)
+    qint.quantize_q8(x, act.q, act.d, act.s)
+    out = np.zeros((batch, p.qs.shape[0] * qint.LANES, cols // 32), np.int32)
+    qint.select(kind).block_isums(int(QType[qtype]), p.qs, act.q, cols, out)
+    u, _, _ = ref.int_codes(qtype, matrix(qtype, rows, cols))
+    q, _, _ = ref.quantize_q8(x)
+    np.testing.assert_array_equal(out[:, :rows], ref.int_block_sums(u, q))
+    assert (out[:, rows:] == 0).all()  # the padding lanes hold zero codes
+
+
+# -- the products ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("batch", BATCH)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_matvec_matches_integer_reference(kind, qtype, cols, rows, batch):
+    x = activations((batch, cols), _seed("x", batch, cols))
+    out = run(kind, packed(qtype, rows, cols), x)
+    want = ref.int_matvec(qtype, matrix(qtype, rows, cols), x)
+    np.testing.assert_array_equal(out, want)  # the same float32 operations in the same order: no rounding apart
+
+
+@pytest.mark.skipif(not simd.has_vnni(), reason="no AVX-512 VNNI")
+@pytest.mark.parametrize("batch", (1, 2, 5, 8))
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("qtype", TYPES)
+def test_vnni_equals_plain(qtype, cols, batch):
+    p = packed(qtype, 130, cols)
+    x = activations((batch, cols), _seed("vp", batch, cols))
+    np.testing.assert_array_equal(run("vnni", p, x), run("plain", p, x))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_batch_rows_are_independent(kind):
+    """Row ``s`` of a batched product is bit for bit the product of that row alone."""
+    p = packed("Q4_1", 130, 576)
+    x = activations((8, 576), 11)
+    both = run(kind, p, x)
+    for s in range(8):
+        np.testing.assert_array_equal(both[s], run(kind, p, x[s:s + 1])[0])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_add_accumulates_into_out(kind):
+    p = packed("Q8_0", 130, 576)
+    x = activations((3, 576), 12)
+    base = activations((3, 130), 13)
+    got = run(kind, p, x, out=base.copy(), add=True)
+    np.testing.assert_array_equal(got, base + run(kind, p, x))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_swiglu_input(kind):
+    """``swiglu``: the product of ``silu(gate) * up`` (written over the gate half)."""
+    p = packed("Q4_1", 130, 1536)
+    gu = activations((3, 2 * 1536), 14) / 4
+    g, u = gu[:, :1536].astype(np.float64), gu[:, 1536:].astype(np.float64)
+    h = (g / (1 + np.exp(-g)) * u).astype(np.float32)
+    hk = gu.copy()
+    qint.swiglu_rows(hk)
+    np.testing.assert_allclose(hk[:, :1536], h, rtol=1e-5, atol=1e-6)
+    got = run(kind, p, gu.copy(), swiglu=True)
+    np.testing.assert_array_equal(got, run(kind, p, np.ascontiguousarray(hk[:, :1536])))
+
+
+def test_select():
+    assert qint.select("plain").name == "plain"
+    assert qint.select().name == ("vnni" if simd.has_vnni() else "plain")
+    with pytest.raises(ValueError, match="unknown"):
+        qint.select("avx9")
