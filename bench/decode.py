@@ -12,7 +12,11 @@ same thread count.  JIT: the first token of a fresh process is measured in a
 subprocess, once with the numba cache warm and once with an empty cache.  The
 staged model (the decode core on its default simulated deployment, as every voice
 turn runs it) takes part in the same rounds: its wall-time overhead over the plain
-model is printed beside the simulated rate.
+model is printed beside the simulated rate.  The same model on its float kernels only
+(``Model(int_kernels=False)``) takes part too: decode int / float is the median of per-round
+ratios.  Then the matrix-vector kernels alone, in GB/s of weights read (one decode step's
+products over all layers, and the head), the integer path beside the float one, the batched
+decode step (``forward_batch``, B sequences per pass), and the load-time repack.
 """
 
 from __future__ import annotations
@@ -105,6 +109,13 @@ class Ours:
         self.run("warm up", decode=4)
 
     @classmethod
+    def float_kernels(cls, threads: int) -> Ours:
+        """The default model on its float kernels only (the path before the integer kernels)."""
+        from decode import Model
+
+        return cls(threads, Model(int_kernels=False))
+
+    @classmethod
     def staged(cls, plain: Ours, threads: int, deployment: str | None = None) -> Ours:
         """The same loaded model through ``wafer.staged`` on ``deployment`` (default: CS-3 wafers)."""
         from wafer.deploy import Deployment
@@ -146,6 +157,86 @@ class Peer:
         self.proc.wait(timeout=30)
 
 
+def _median_s(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def kernel_rates(model, float_model, reps: int = 15) -> dict:
+    """GB/s of weights read by one decode step's matrix products over every layer, and by the head,
+    on the integer kernels (packed weights) and the float ones (the file's blocks); the rounds
+    alternate between them."""
+    import numpy as np
+
+    from decode.quant import matvec, matvec3
+
+    cfg, ker, pw = model.config, model.kernels, model.packed
+    b = model.new_state().step
+    x = np.random.default_rng(0).standard_normal((1, max(cfg.d_model, cfg.d_ff)), dtype=np.float32)
+    xd, xf = x[:, :cfg.d_model], x[:, :cfg.d_ff]
+    gu = np.zeros((1, 2 * cfg.d_ff), np.float32)
+    out = np.zeros((1, max(cfg.d_model, cfg.d_ff * 2, cfg.n_heads * cfg.head_dim + 2 * cfg.kv_dim)), np.float32)
+
+    def int_layers():
+        for p in pw.layers:
+            ker(p.qkv, xd, b.act, b.qkv)
+            ker(p.wo, xd, b.act, out[:, :cfg.d_model])
+            ker(p.gate_up, xd, b.act, b.gu)
+            gu[:] = 0.1
+            ker(p.down, gu, b.act, out[:, :cfg.d_model], swiglu=True)
+
+    def float_layers():
+        for w in float_model.weights.layers:
+            matvec3(int(w.wq.qtype), w.wq.data, int(w.wk.qtype), w.wk.data, int(w.wv.qtype), w.wv.data,
+                    xd[0], b.q[0], b.k[0], b.v[0])
+            matvec(int(w.wo.qtype), w.wo.data, xd[0], out[0, :cfg.d_model])
+            matvec3(int(w.w_gate.qtype), w.w_gate.data, int(w.w_up.qtype), w.w_up.data, int(w.w_up.qtype), w.w_up.data[:0],
+                    xd[0], b.gate[0], b.up[0], b.up[0, :0])
+            matvec(int(w.w_down.qtype), w.w_down.data, xf[0], out[0, :cfg.d_model])
+
+    head = float_model.weights.output
+    cases = {
+        "layers int": (int_layers, sum(m.nbytes for p in pw.layers for m in (p.qkv, p.wo, p.gate_up, p.down))),
+        "layers float": (float_layers, sum(w.nbytes - w.attn_norm.nbytes - w.ffn_norm.nbytes for w in float_model.weights.layers)),
+        "head int": (lambda: ker(pw.head, xd, b.act, b.logits), pw.head.nbytes),
+        "head float": (lambda: matvec(int(head.qtype), head.data, xd[0], b.logits[0]), head.nbytes),
+        "one gate|up int (cache-resident)": (lambda: ker(pw.layers[0].gate_up, xd, b.act, b.gu), pw.layers[0].gate_up.nbytes),
+    }
+    times = {k: [] for k in cases}
+    for r in range(reps):
+        for k, (fn, _) in (cases.items() if r % 2 == 0 else reversed(cases.items())):
+            times[k].append(_median_s(fn, 3))
+    return {k: nbytes / statistics.median(times[k]) / 1e9 for k, (_, nbytes) in cases.items()}
+
+
+def batched_decode(model, tokenizer, sizes=(1, 2, 4, 8), steps: int = 16) -> dict:
+    """Tokens/s of ``forward_batch`` stepping B sequences together (each its own state and position)."""
+    ids = tokenizer.encode(DECODE_PROMPT)
+    out = {}
+    for B in sizes:
+        states = [model.new_state() for _ in range(B)]
+        for s in states:
+            model.forward(s, ids, 0)
+        pos = len(ids)
+        model.forward_batch(states, [198] * B, [pos] * B)
+        t0 = time.perf_counter()
+        for i in range(1, steps + 1):
+            model.forward_batch(states, [198] * B, [pos + i] * B)
+        out[B] = B * steps / (time.perf_counter() - t0)
+    return out
+
+
+def repack_seconds(model, reps: int = 5) -> float:
+    from decode.model import pack_weights
+
+    return statistics.median(pack_weights(model.weights).seconds for _ in range(reps))
+
+
 def fresh_process_first_token(cold: bool) -> dict:
     """``wafervox generate`` in a new process; with ``cold`` numba gets an empty cache dir."""
     env = dict(os.environ)
@@ -174,6 +265,7 @@ def main() -> None:
     ap.add_argument("--deployment", default=None, metavar="MODEL@HWxN",
                     help="deployment of the staged model (default: this model on CS-3 wafers)")
     ap.add_argument("--no-staged", action="store_true", help="skip the staged model")
+    ap.add_argument("--no-float", action="store_true", help="skip the float-kernel model and the kernel rates")
     args = ap.parse_args()
 
     from decode import default_model_path
@@ -182,6 +274,10 @@ def main() -> None:
     print(f"model {model_path.name}, {args.threads} threads, {args.rounds} rounds, {args.tokens} decode tokens/round",
           flush=True)
     ours = Ours(args.threads)
+    kern, packed = ours.model.kernels, ours.model.packed
+    print(f"decode kernels: {kern.name if kern else 'float'}"
+          + (f", weights repacked at load in {packed.seconds * 1000:.0f} ms" if packed else ""), flush=True)
+    floats = None if args.no_float else Ours.float_kernels(args.threads)
     staged = None if args.no_staged else Ours.staged(ours, args.threads, args.deployment)
     peer = None
     if not args.no_peer:
@@ -190,8 +286,9 @@ def main() -> None:
         peer = Peer(model_path, args.threads)
 
     res = {"ours": {"decode": [], "prefill": []}, "llama.cpp": {"decode": [], "prefill": []},
-           "staged": {"decode": [], "prefill": []}}
-    engines = [("ours", ours)] + ([("staged", staged)] if staged else []) + ([("llama.cpp", peer)] if peer else [])
+           "staged": {"decode": [], "prefill": []}, "float": {"decode": [], "prefill": []}}
+    engines = ([("ours", ours)] + ([("float", floats)] if floats else []) + ([("staged", staged)] if staged else [])
+               + ([("llama.cpp", peer)] if peer else []))
     n_prefill = 0
     for r in range(args.rounds):
         for name, eng in engines if r % 2 == 0 else engines[::-1]:
@@ -201,6 +298,8 @@ def main() -> None:
             n_prefill = p["n_prompt"]
             res[name]["prefill"].append(p["n_prompt"] / p["prefill_s"])
         line = f"  round {r + 1}/{args.rounds}: decode ours {res['ours']['decode'][-1]:.1f}"
+        if floats:
+            line += f", float kernels {res['float']['decode'][-1]:.1f}"
         if staged:
             line += f", staged {res['staged']['decode'][-1]:.1f}"
         if peer:
@@ -231,6 +330,10 @@ def main() -> None:
         print(f"   llama.cpp {med['llama.cpp']['prefill']:7.1f} tok/s   ratio {paired['prefill']:.2f}x   ({n_prefill}-token prompt)")
     else:
         print()
+    if floats:
+        vs = {k: statistics.median([o / f for o, f in zip(res["ours"][k], res["float"][k])]) for k in ("decode", "prefill")}
+        print(f"int vs float kernels: decode {med['ours']['decode']:.1f} vs {med['float']['decode']:.1f} tok/s, "
+              f"ratio {vs['decode']:.2f}x (median of per-round ratios); prefill ratio {vs['prefill']:.2f}x (both float)")
     if staged:
         over = {k: statistics.median([o / st - 1 for o, st in zip(res["ours"][k], res["staged"][k])]) for k in ("decode", "prefill")}
         sim = staged.model
@@ -245,6 +348,19 @@ def main() -> None:
     figures = {"threads": args.threads, "rounds": args.rounds, "median": med, "paired_ratio": paired if peer else None,
                "bytes_per_token": bytes_per_token,
                "read_gb_s": bw, "roofline_tok_s": roofline, "staged": figures_staged if staged else None}
+    if floats:
+        figures["int_vs_float"] = vs
+    if floats and ours.model.packed:
+        rates = kernel_rates(ours.model, floats.model)
+        print("kernels, GB/s of weights read (median, alternating): " + ", ".join(f"{k} {v:.1f}" for k, v in rates.items())
+              + f"; read bandwidth {bw:.1f}")
+        batched = batched_decode(ours.model, ours.gen.tokenizer)
+        print("forward_batch: " + ", ".join(f"B={b} {v:.0f} tok/s" for b, v in batched.items())
+              + f" ({batched[max(batched)] / batched[1]:.2f}x at B={max(batched)})")
+        rp = repack_seconds(ours.model)
+        print(f"repack of {ours.model.packed.nbytes / 1e6:.0f} MB: {rp * 1000:.0f} ms warm (median of 5), "
+              f"{ours.model.packed.seconds * 1000:.0f} ms at this process's load")
+        figures.update(kernel_gb_s=rates, forward_batch_tok_s=batched, repack_s=rp, repack_at_load_s=ours.model.packed.seconds)
     warm = fresh_process_first_token(cold=False)
     print(f"fresh process, warm numba cache: load {warm['load_ms']:.0f} ms, first token {warm['first_token_ms']:.0f} ms, "
           f"{warm['compiled']} compilations")

@@ -16,6 +16,7 @@ declares a numba type ``I32x16`` for LLVM's ``<16 x i32>`` and intrinsics on it:
 ``fmul``, ``fload``, ``fstore``    flags, so never fused or reordered), load, store
 ``vtofloat(a)``                    int32 lanes as float32
 ``fhalves(h, i)``                  16 f16 bit patterns of uint16 array ``h`` from ``i``, as float32
+``f32_bits(v)``, ``bits_f32(i)``   a float32's bit pattern as int32 and back (scalars)
 =================================  ===========================================================
 
 ``vdpbusd`` compiles only for a CPU with AVX-512 VNNI: call it only when ``has_vnni()`` says so
@@ -244,6 +245,47 @@ def fhalves(typingctx, h, index):
         return builder.fpext(builder.load(builder.bitcast(p, half16.as_pointer()), align=2), _F16)
 
     return F32x16(h, types.intp), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, index):
+    """Hint the cache line holding (flat) element ``index`` of ``arr`` into the caches (no fault
+    past the end)."""
+    if not isinstance(arr, types.Array) or arr.layout != "C":
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = builder.bitcast(_element_ptr(context, builder, sig.args[0], args[0], args[1]), ir.IntType(8).as_pointer())
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, types.intp), codegen
+
+
+@intrinsic
+def f32_bits(typingctx, v):
+    """The bit pattern of float32 ``v`` as an int32 (any CPU; loops of it vectorize)."""
+    if v != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], _I32)
+
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def bits_f32(typingctx, v):
+    """The float32 whose bit pattern is the integer ``v`` (its low 32 bits)."""
+    if not isinstance(v, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(context.cast(builder, args[0], sig.args[0], types.int32), ir.FloatType())
+
+    return types.float32(v), codegen
 
 
 def target_features() -> set[str]:

@@ -241,3 +241,22 @@ def test_select():
     assert qint.select().name == ("vnni" if simd.has_vnni() else "plain")
     with pytest.raises(ValueError, match="unknown"):
         qint.select("avx9")
+
+
+def test_exp_f32_within_two_ulp_and_saturates():
+    from numba import njit
+
+    @njit
+    def apply(a, out):
+        for i in range(a.shape[0]):
+            out[i] = qint.exp_f32(a[i])
+
+    a = np.concatenate([np.linspace(-87, 88, 100001), [-1e4, -100.0, 100.0, 1e4]]).astype(np.float32)
+    out = np.empty_like(a)
+    apply(a, out)
+    want = np.exp(a[:-4].astype(np.float64))
+    assert (np.abs(out[:-4] - want) / want).max() < 2 * 2.0 ** -24
+    assert np.isfinite(out).all() and out[0] > 0 and out[-4] == out[-3] and out[-2] == out[-1]
+    gu = np.array([[-1e4, 1e4, 2.0, 3.0]], np.float32)
+    qint.swiglu_rows(gu)
+    assert abs(gu[0, 0]) < 1e-30 and gu[0, 1] == 1e4 * 3.0

@@ -19,6 +19,9 @@ TOKENS = [5, 17, 3, 250, 99, 42, 7, 7, 120]
 #: Decode (integer kernels) against prefill (float) on the real model: the same argmax, every
 #: logit within MAX and their RMS within RMS (measured: 0.50 and 0.13 over 18 tokens).
 INT_BOUNDS = {"max": 1.0, "rms": 0.3}
+#: Top-two margin under which a decode step and a prefill may pick different tokens (about twice
+#: the RMS difference above; the recompute of test_prefix_cache... has margins 0.75, 0.36, 2.4 ... 0.17).
+INT_NEAR_TIE = 0.25
 #: The tiny random model's decode steps (integer wo and tied head) against the float64 reference,
 #: relative to the largest logit (measured: 1.1%).
 TINY_INT_RTOL = 2.5e-2
@@ -29,6 +32,19 @@ def assert_near_int(a: np.ndarray, b: np.ndarray) -> None:
     assert int(np.argmax(a)) == int(np.argmax(b))
     assert np.abs(d).max() <= INT_BOUNDS["max"], np.abs(d).max()
     assert np.sqrt(np.mean(d ** 2)) <= INT_BOUNDS["rms"], np.sqrt(np.mean(d ** 2))
+
+
+def first_near_tie(model, prompt, tokens, margin: float = 1.0) -> int:
+    """The first step of greedy ``tokens`` after ``prompt`` whose top two logits are within ``margin``
+    (the llama.cpp agreement test's near-tie), teacher-forced; ``len(tokens)`` if none."""
+    s = model.new_state()
+    logits = model.forward(s, prompt, 0)
+    for i, tok in enumerate(tokens):
+        top2 = np.sort(logits)[-2:]
+        if top2[1] - top2[0] < margin:
+            return i
+        logits = model.forward(s, [tok], len(prompt) + i)
+    return len(tokens)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +150,13 @@ def test_prefix_cache_gives_same_logits_as_recompute(model, float_model, kernels
     fresh = Generator(model=model)
     st3 = fresh.generate(ids2, max_tokens=12)
     assert st3.cached_tokens == 0
-    assert st2.token_ids == st3.token_ids
+    if kernels == "float":
+        assert st2.token_ids == st3.token_ids
+    else:
+        # the cached first turn holds keys and values of integer decode steps, the recompute those
+        # of a float prefill: the replies agree up to the recompute's first near-tie
+        tie = first_near_tie(model, ids2, st3.token_ids, margin=INT_NEAR_TIE)
+        assert tie >= 4 and st2.token_ids[:tie] == st3.token_ids[:tie], tie
     # and logits at the end of the prompt agree
     cached_logits = model.forward(gen.state, ids2[-1:], len(ids2) - 1).copy()  # a decode step
     full = model.forward(model.new_state(), ids2, 0)  # a prefill
