@@ -28,6 +28,7 @@ from .gguf_file import Config, GGUFFile, Tensor, open_gguf
 from .ops import add_into, attention, embed, rmsnorm, rope, rope_tables, silu_mul
 from .qint import PackedMatrix
 from .quant import QType, matmat, matvec, matvec3
+from .step_ops import attend
 
 #: Largest number of prompt tokens pushed through a layer in one pass.
 PREFILL_CHUNK = 256
@@ -267,27 +268,23 @@ class Model:
     def step_layer(self, i: int, states: list[RunState], positions: list[int], x: np.ndarray, b: StepBuffers) -> None:
         """Block ``i`` for one new token of each sequence: ``x (B, d_model)`` row ``r`` is the token
         of ``states[r]`` at ``positions[r]``.  The matrix products run once for all rows (integer
-        kernels where packed, else a float matrix-vector product per row); RoPE, the cache and
-        attention per sequence.  Row ``r``'s numbers do not depend on the other rows."""
+        kernels where packed, with the norms, SwiGLU and residual adds inside; else a float
+        matrix-vector product per row); RoPE, the cache and attention per sequence (``attend``).
+        Row ``r``'s numbers do not depend on the other rows."""
         cfg, w = self.config, self.weights.layers[i]
         p = self.packed.layers[i] if self.packed else None
         ker = self.kernels
         nrows = x.shape[0]
-        rmsnorm(x, w.attn_norm, cfg.norm_eps, b.xb)
         if p and p.qkv:
-            ker(p.qkv, b.xb, b.act, b.qkv)
+            ker(p.qkv, x, b.act, b.qkv, norm=w.attn_norm, eps=cfg.norm_eps, normed=b.xb)
         else:
+            rmsnorm(x, w.attn_norm, cfg.norm_eps, b.xb)
             for r in range(nrows):
                 matvec3(int(w.wq.qtype), w.wq.data, int(w.wk.qtype), w.wk.data, int(w.wv.qtype), w.wv.data,
                         b.xb[r], b.q[r], b.k[r], b.v[r])
         for r, (s, pos) in enumerate(zip(states, positions, strict=True)):
-            q, k = b.q[r:r + 1], b.k[r:r + 1]
-            rope(q, cfg.n_heads, cfg.head_dim, cfg.rope_dims, pos, self.cos, self.sin)
-            rope(k, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims, pos, self.cos, self.sin)
-            kc, vc = s.k_cache[i], s.v_cache[i]
-            kc[pos] = k[0]
-            vc[pos] = b.v[r]
-            attention(q, kc, vc, pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, b.att[r:r + 1])
+            attend(b.qkv, r, s.k_cache, s.v_cache, i, pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims,
+                   self.cos, self.sin, b.att)
         if p and p.wo:
             ker(p.wo, b.att, b.act, x, add=True)
         else:
@@ -295,10 +292,10 @@ class Model:
                 matvec(int(w.wo.qtype), w.wo.data, b.att[r], b.proj[r])
             add_into(x, b.proj)
 
-        rmsnorm(x, w.ffn_norm, cfg.norm_eps, b.xb)
         if p and p.gate_up:
-            ker(p.gate_up, b.xb, b.act, b.gu)
+            ker(p.gate_up, x, b.act, b.gu, norm=w.ffn_norm, eps=cfg.norm_eps, normed=b.xb)
         else:
+            rmsnorm(x, w.ffn_norm, cfg.norm_eps, b.xb)
             g, u = w.w_gate, w.w_up
             for r in range(nrows):
                 matvec3(int(g.qtype), g.data, int(u.qtype), u.data, int(u.qtype), u.data[:0], b.xb[r], b.gate[r], b.up[r], b.up[r, :0])

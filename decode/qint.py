@@ -43,6 +43,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd
+from .ops import rmsnorm
 from .quant import F16_TABLE, QType
 
 #: Rows per tile (one 32-bit vector lane each).
@@ -199,14 +200,27 @@ def swiglu_rows(x):
             x[s, j] = g / (np.float32(1.0) + exp_f32(-g)) * x[s, n + j]
 
 
+#: What the kernels do to ``x`` before quantizing it: nothing; RMS-normalize each row (times a
+#: weight, into ``xn``); SwiGLU of the gate | up halves (in place).
+PREP_NONE, PREP_RMSNORM, PREP_SWIGLU = 0, 1, 2
+#: The weight and output of PREP_RMSNORM when there is no norm (read-only, like the file's norms).
+NO_NORM = np.zeros(0, np.float32)
+NO_NORM.setflags(write=False)
+NO_ROWS = np.zeros((0, 0), np.float32)
+
+
 @njit(inline="always", **_JIT)
-def _prepare(x, swiglu, xq, xd, xs):
-    """Quantize the kernels' input: ``x``, or with ``swiglu`` the SwiGLU of ``x``'s gate | up halves."""
-    if swiglu:
+def _prepare(x, prep, norm, eps, xn, xq, xd, xs):
+    """Quantize the kernels' input (see ``PREP_*``); returns its length."""
+    if prep == PREP_SWIGLU:
         swiglu_rows(x)
         quantize_q8(x[:, :x.shape[1] // 2], xq, xd, xs)
         return x.shape[1] // 2
-    quantize_q8(x, xq, xd, xs)
+    if prep == PREP_RMSNORM:
+        rmsnorm(x, norm, eps, xn)
+        quantize_q8(xn, xq, xd, xs)
+    else:
+        quantize_q8(x, xq, xd, xs)
     return x.shape[1]
 
 
@@ -378,13 +392,14 @@ def _tile_vnni(qtype, qs, dh, mh, xq, xd, xs, n, t, acc):
 
 
 @njit(parallel=True, **_JIT)
-def qmatvec_vnni(qtype, qs, dh, mh, x, swiglu, xq, xd, xs, out, add):
+def qmatvec_vnni(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, out, add):
     """``out[s] (+)= W . x[s]`` for the ``B`` rows of ``x (B, cols)``, ``W`` a ``PackedMatrix``'s
     ``qs, d, m`` of type ``qtype``; ``out (B, rows)`` is overwritten, or added to when ``add``.
-    With ``swiglu``, ``x`` is ``(B, 2 * cols)`` gate | up and the input is ``silu(gate) * up``
-    (written over the gate half).  ``xq, xd, xs`` (flat, at least ``B * cols`` and ``B * cols / 32``)
-    receive the input quantized."""
-    n = _prepare(x, swiglu, xq, xd, xs)
+    The input is ``x`` as it is (``prep`` PREP_NONE), RMS-normalized times ``norm`` into ``xn``
+    (PREP_RMSNORM, ``ops.rmsnorm``), or with PREP_SWIGLU ``silu(gate) * up`` of ``x (B, 2 * cols)``
+    (gate | up; written over the gate half).  ``xq, xd, xs`` (flat, at least ``B * cols`` and
+    ``B * cols / 32``) receive the input quantized."""
+    n = _prepare(x, prep, norm, eps, xn, xq, xd, xs)
     B, rows = out.shape
     for t in prange(qs.shape[0]):
         acc = np.empty((B, LANES), np.float32)  # hoisted by numba: one per thread and call
@@ -433,9 +448,9 @@ def _isum_plain(qtype, qs, t, blk, xq, xo, isum):
 
 
 @njit(parallel=True, **_JIT)
-def qmatvec_plain(qtype, qs, dh, mh, x, swiglu, xq, xd, xs, out, add):
+def qmatvec_plain(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, out, add):
     """``qmatvec_vnni`` in plain numba (any CPU): the same sums, the same combine, the same results."""
-    n = _prepare(x, swiglu, xq, xd, xs)
+    n = _prepare(x, prep, norm, eps, xn, xq, xd, xs)
     B, rows = out.shape
     nb = qs.shape[1]
     q4_1 = qtype == _Q4_1
@@ -480,11 +495,16 @@ class IntKernels:
     matvec: object  # qmatvec_vnni or qmatvec_plain
     block_isums: object
 
-    def __call__(self, p: PackedMatrix, x: np.ndarray, act: Activations, out: np.ndarray,
-                 add: bool = False, swiglu: bool = False) -> None:
-        """``out (+)= p . x`` for each row of ``x (B, p.cols)`` (or of ``silu(gate) * up`` with
-        ``swiglu``); ``act`` takes the input quantized."""
-        self.matvec(int(p.qtype), p.qs, p.d, p.m, x, swiglu, act.q, act.d, act.s, out, add)
+    def __call__(self, p: PackedMatrix, x: np.ndarray, act: Activations, out: np.ndarray, add: bool = False,
+                 swiglu: bool = False, norm: np.ndarray | None = None, eps: float = 0.0, normed: np.ndarray | None = None) -> None:
+        """``out (+)= p . x`` for each row of ``x (B, p.cols)``: of ``silu(gate) * up`` with ``swiglu``,
+        of ``rmsnorm(x) * norm`` (written into ``normed``) when ``norm`` is given; ``act`` takes the
+        input quantized."""
+        if norm is not None:
+            self.matvec(int(p.qtype), p.qs, p.d, p.m, x, PREP_RMSNORM, norm, eps, normed, act.q, act.d, act.s, out, add)
+        else:
+            self.matvec(int(p.qtype), p.qs, p.d, p.m, x, PREP_SWIGLU if swiglu else PREP_NONE, NO_NORM, 0.0, NO_ROWS,
+                        act.q, act.d, act.s, out, add)
 
 
 def select(kind: str = "auto") -> IntKernels:
