@@ -131,3 +131,24 @@ def test_forward_batch_over_max_batch_and_misuse(tiny_path):
         m.forward_batch(batched[:2], [1], [20, 20])
     with pytest.raises(ContextLengthError):
         m.forward_batch(batched[:1], [1], [m.n_ctx])
+
+
+def test_int_prefill_keeps_float_prefill_where_layers_are_not_all_packed(tmp_path):
+    """The default tiny model mixes K-quants and float matrices into every layer: ``int_prefill``
+    changes nothing there; on the all-integer tiny model it prefills in groups (8 + 8 + 3 tokens)
+    with exactly the numbers of one decode step per token."""
+    path = tmp_path / "mixed.gguf"
+    write_tiny_llama(path)
+    ids = list(range(1, 20))
+    a, b = Model(path), Model(path, int_prefill=True)
+    np.testing.assert_array_equal(a.forward(a.new_state(), ids, 0), b.forward(b.new_state(), ids, 0))
+
+
+def test_int_prefill_groups_equal_decode_steps(tiny_path):
+    m = Model(tiny_path, int_prefill=True)
+    ids = list(range(1, 20))
+    one = m.forward(m.new_state(), ids, 0).copy()
+    s = m.new_state()
+    for pos, tok in enumerate(ids):
+        step = m.forward(s, [tok], pos)
+    np.testing.assert_array_equal(one, step)

@@ -1,0 +1,82 @@
+"""``decode/step_ops.cache_attend`` against a float64 NumPy reference: each row's k and v written
+at its position of its cache (and nowhere else), causal grouped-query attention up to that position;
+one sequence's rows at consecutive positions share a cache; a batch of rows gives each row what it
+gets alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from decode.step_ops import CACHE_SLOTS, cache_attend
+
+N_HEADS, N_KV, HEAD_DIM, LAYERS, CTX = 9, 3, 64, 2, 64
+QD, KV = N_HEADS * HEAD_DIM, N_KV * HEAD_DIM
+
+
+def attention_ref(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros(QD)
+    for h in range(N_HEADS):
+        kvo = (h // (N_HEADS // N_KV)) * HEAD_DIM
+        scores = kc[:n, kvo:kvo + HEAD_DIM].astype(np.float64) @ q[h * HEAD_DIM:(h + 1) * HEAD_DIM] / np.sqrt(HEAD_DIM)
+        w = np.exp(scores - scores.max())
+        out[h * HEAD_DIM:(h + 1) * HEAD_DIM] = (w / w.sum()) @ vc[:n, kvo:kvo + HEAD_DIM]
+    return out
+
+
+def case(batch: int, seed: int):
+    rng = np.random.default_rng(seed)
+    qkv = rng.standard_normal((batch, QD + 2 * KV), dtype=np.float32)
+    kcs = tuple(rng.standard_normal((LAYERS, CTX, KV), dtype=np.float32) for _ in range(batch))
+    vcs = tuple(rng.standard_normal((LAYERS, CTX, KV), dtype=np.float32) for _ in range(batch))
+    positions = np.array([0, 5, 63, 17][:batch], np.int64)
+    return qkv, kcs, vcs, positions
+
+
+def run(qkv, kcs, vcs, positions, layer=1):
+    """``cache_attend`` with one cache per row, or one shared by all rows (a 1-tuple)."""
+    att = np.full((qkv.shape[0], QD), np.nan, np.float32)
+    pad = CACHE_SLOTS - len(kcs)
+    cache_attend(qkv, kcs + kcs[:1] * pad, vcs + vcs[:1] * pad, len(kcs), layer, positions, N_HEADS, N_KV, HEAD_DIM, att)
+    return att
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_cache_attend_matches_reference(batch):
+    qkv, kcs, vcs, positions = case(batch, batch)
+    before = [(k.copy(), v.copy()) for k, v in zip(kcs, vcs, strict=True)]
+    att = run(qkv, kcs, vcs, positions)
+    for r, pos in enumerate(positions):
+        kc, vc = kcs[r][1], vcs[r][1]
+        np.testing.assert_array_equal(kc[pos], qkv[r, QD:QD + KV])
+        np.testing.assert_array_equal(vc[pos], qkv[r, QD + KV:])
+        k_was, v_was = before[r]
+        others = np.arange(CTX) != pos
+        np.testing.assert_array_equal(kc[others], k_was[1][others])  # nothing else written
+        np.testing.assert_array_equal(vc[others], v_was[1][others])
+        np.testing.assert_array_equal(kcs[r][0], k_was[0])  # nor another layer
+        np.testing.assert_allclose(att[r], attention_ref(qkv[r, :QD], kc, vc, pos + 1), rtol=1e-4, atol=1e-5)
+
+
+def test_one_sequences_rows_share_its_cache_causally():
+    """Five prompt tokens at positions 10..14 of one cache: all five written, each attends to its own prefix."""
+    qkv, kcs, vcs, _ = case(1, 3)
+    rng = np.random.default_rng(4)
+    qkv = rng.standard_normal((5, QD + 2 * KV), dtype=np.float32)
+    positions = np.arange(10, 15, dtype=np.int64)
+    att = run(qkv, kcs, vcs, positions)
+    kc, vc = kcs[0][1], vcs[0][1]
+    np.testing.assert_array_equal(kc[10:15], qkv[:, QD:QD + KV])
+    for r, pos in enumerate(positions):
+        np.testing.assert_allclose(att[r], attention_ref(qkv[r, :QD], kc, vc, pos + 1), rtol=1e-4, atol=1e-5)
+    wrong = attention_ref(qkv[0, :QD], kc, vc, 15)  # the first token seeing the later ones
+    assert np.abs(att[0] - wrong).max() > 1e-3
+
+
+def test_rows_do_not_depend_on_the_batch():
+    qkv, kcs, vcs, positions = case(4, 9)
+    copies = [(qkv[r:r + 1].copy(), (kcs[r].copy(),), (vcs[r].copy(),)) for r in range(4)]
+    att = run(qkv, kcs, vcs, positions)
+    for r, (q1, k1, v1) in enumerate(copies):
+        np.testing.assert_array_equal(att[r], run(q1, k1, v1, positions[r:r + 1])[0])
+        np.testing.assert_array_equal(kcs[r], k1[0])
