@@ -13,10 +13,11 @@ subprocess, once with the numba cache warm and once with an empty cache.  The
 staged model (the decode core on its default simulated deployment, as every voice
 turn runs it) takes part in the same rounds: its wall-time overhead over the plain
 model is printed beside the simulated rate.  The same model on its float kernels only
-(``Model(int_kernels=False)``) takes part too: decode int / float is the median of per-round
-ratios.  Then the matrix-vector kernels alone, in GB/s of weights read (one decode step's
-products over all layers, and the head), the integer path beside the float one, the batched
-decode step (``forward_batch``, B sequences per pass), and the load-time repack.
+(``Model(int_kernels=False)``) and with prompts on the integer kernels (``int_prefill=True``)
+take part too: int / float is the median of per-round ratios.  Then the matrix-vector
+kernels alone, in GB/s of weights read (one decode step's products over all layers, and the
+head), the integer path beside the float one, the batched decode step (``forward_batch``,
+B sequences per pass), and the load-time repack.
 """
 
 from __future__ import annotations
@@ -116,6 +117,13 @@ class Ours:
         return cls(threads, Model(int_kernels=False))
 
     @classmethod
+    def int_prefill(cls, threads: int) -> Ours:
+        """The default model with prompts on the integer kernels too (``Model(int_prefill=True)``)."""
+        from decode import Model
+
+        return cls(threads, Model(int_prefill=True))
+
+    @classmethod
     def staged(cls, plain: Ours, threads: int, deployment: str | None = None) -> Ours:
         """The same loaded model through ``wafer.staged`` on ``deployment`` (default: CS-3 wafers)."""
         from wafer.deploy import Deployment
@@ -176,7 +184,7 @@ def kernel_rates(model, float_model, reps: int = 15) -> dict:
     from decode.quant import matvec, matvec3
 
     cfg, ker, pw = model.config, model.kernels, model.packed
-    b = model.new_state().step
+    b = model.new_state().step.first(1)
     x = np.random.default_rng(0).standard_normal((1, max(cfg.d_model, cfg.d_ff)), dtype=np.float32)
     xd, xf = x[:, :cfg.d_model], x[:, :cfg.d_ff]
     gu = np.zeros((1, 2 * cfg.d_ff), np.float32)
@@ -265,7 +273,8 @@ def main() -> None:
     ap.add_argument("--deployment", default=None, metavar="MODEL@HWxN",
                     help="deployment of the staged model (default: this model on CS-3 wafers)")
     ap.add_argument("--no-staged", action="store_true", help="skip the staged model")
-    ap.add_argument("--no-float", action="store_true", help="skip the float-kernel model and the kernel rates")
+    ap.add_argument("--no-float", action="store_true",
+                    help="skip the float-kernel and int_prefill models, the kernel rates and forward_batch")
     args = ap.parse_args()
 
     from decode import default_model_path
@@ -278,6 +287,7 @@ def main() -> None:
     print(f"decode kernels: {kern.name if kern else 'float'}"
           + (f", weights repacked at load in {packed.seconds * 1000:.0f} ms" if packed else ""), flush=True)
     floats = None if args.no_float else Ours.float_kernels(args.threads)
+    intpre = None if args.no_float else Ours.int_prefill(args.threads)
     staged = None if args.no_staged else Ours.staged(ours, args.threads, args.deployment)
     peer = None
     if not args.no_peer:
@@ -286,9 +296,10 @@ def main() -> None:
         peer = Peer(model_path, args.threads)
 
     res = {"ours": {"decode": [], "prefill": []}, "llama.cpp": {"decode": [], "prefill": []},
-           "staged": {"decode": [], "prefill": []}, "float": {"decode": [], "prefill": []}}
-    engines = ([("ours", ours)] + ([("float", floats)] if floats else []) + ([("staged", staged)] if staged else [])
-               + ([("llama.cpp", peer)] if peer else []))
+           "staged": {"decode": [], "prefill": []}, "float": {"decode": [], "prefill": []},
+           "int_prefill": {"decode": [], "prefill": []}}
+    engines = ([("ours", ours)] + ([("float", floats), ("int_prefill", intpre)] if floats else [])
+               + ([("staged", staged)] if staged else []) + ([("llama.cpp", peer)] if peer else []))
     n_prefill = 0
     for r in range(args.rounds):
         for name, eng in engines if r % 2 == 0 else engines[::-1]:
@@ -334,6 +345,13 @@ def main() -> None:
         vs = {k: statistics.median([o / f for o, f in zip(res["ours"][k], res["float"][k])]) for k in ("decode", "prefill")}
         print(f"int vs float kernels: decode {med['ours']['decode']:.1f} vs {med['float']['decode']:.1f} tok/s, "
               f"ratio {vs['decode']:.2f}x (median of per-round ratios); prefill ratio {vs['prefill']:.2f}x (both float)")
+        ip = statistics.median([i / o for i, o in zip(res["int_prefill"]["prefill"], res["ours"]["prefill"])])
+        line = f"int_prefill: prefill {med['int_prefill']['prefill']:.1f} tok/s, {ip:.2f}x the float prefill"
+        if peer:
+            vs_peer = statistics.median([i / t for i, t in zip(res["int_prefill"]["prefill"], res["llama.cpp"]["prefill"])])
+            line += f", {vs_peer:.2f}x llama.cpp"
+        print(line)
+        vs["int_prefill_over_float_prefill"] = ip
     if staged:
         over = {k: statistics.median([o / st - 1 for o, st in zip(res["ours"][k], res["staged"][k])]) for k in ("decode", "prefill")}
         sim = staged.model

@@ -210,6 +210,15 @@ NO_ROWS = np.zeros((0, 0), np.float32)
 
 
 @njit(inline="always", **_JIT)
+def _check(qs, x, prep, out, xq):
+    cols = qs.shape[1] * 32
+    if x.shape[0] != out.shape[0] or x.shape[1] != (2 * cols if prep == PREP_SWIGLU else cols):
+        raise ValueError("qmatvec: x must be (B, cols) (gate | up: (B, 2 * cols)) and out (B, rows)")
+    if out.shape[1] > qs.shape[0] * LANES or xq.shape[0] < x.shape[0] * cols:
+        raise ValueError("qmatvec: out has more rows than the matrix, or the activation scratch is too small")
+
+
+@njit(inline="always", **_JIT)
 def _prepare(x, prep, norm, eps, xn, xq, xd, xs):
     """Quantize the kernels' input (see ``PREP_*``); returns its length."""
     if prep == PREP_SWIGLU:
@@ -399,6 +408,7 @@ def qmatvec_vnni(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, out, add
     (PREP_RMSNORM, ``ops.rmsnorm``), or with PREP_SWIGLU ``silu(gate) * up`` of ``x (B, 2 * cols)``
     (gate | up; written over the gate half).  ``xq, xd, xs`` (flat, at least ``B * cols`` and
     ``B * cols / 32``) receive the input quantized."""
+    _check(qs, x, prep, out, xq)
     n = _prepare(x, prep, norm, eps, xn, xq, xd, xs)
     B, rows = out.shape
     for t in prange(qs.shape[0]):
@@ -450,6 +460,7 @@ def _isum_plain(qtype, qs, t, blk, xq, xo, isum):
 @njit(parallel=True, **_JIT)
 def qmatvec_plain(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, out, add):
     """``qmatvec_vnni`` in plain numba (any CPU): the same sums, the same combine, the same results."""
+    _check(qs, x, prep, out, xq)
     n = _prepare(x, prep, norm, eps, xn, xq, xd, xs)
     B, rows = out.shape
     nb = qs.shape[1]

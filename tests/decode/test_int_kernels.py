@@ -260,3 +260,16 @@ def test_exp_f32_within_two_ulp_and_saturates():
     gu = np.array([[-1e4, 1e4, 2.0, 3.0]], np.float32)
     qint.swiglu_rows(gu)
     assert abs(gu[0, 0]) < 1e-30 and gu[0, 1] == 1e4 * 3.0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shape_mismatches_are_errors(kind):
+    p = packed("Q4_1", 130, 96)
+    k = qint.select(kind)
+    x = activations((2, 96), 1)
+    with pytest.raises(ValueError, match="x must be"):
+        k(p, x, qint.Activations(96, 2), np.zeros((3, 130), np.float32))  # 2 rows in, 3 out
+    with pytest.raises(ValueError, match="x must be"):
+        k(p, x[:, :64].copy(), qint.Activations(96, 2), np.zeros((2, 130), np.float32))
+    with pytest.raises(ValueError, match="too small"):
+        k(p, x, qint.Activations(96, 1), np.zeros((2, 130), np.float32))
