@@ -6,9 +6,9 @@ from numba.core.registry import CPUDispatcher
 
 
 def _dispatchers():
-    from . import ops, qint, quant
+    from . import ops, qint, quant, step_ops
 
-    for mod in (quant, qint, ops):
+    for mod in (quant, qint, step_ops, ops):
         for obj in vars(mod).values():
             if isinstance(obj, CPUDispatcher):
                 yield obj
