@@ -90,7 +90,9 @@ class LLMConversation:
         """Simulated seconds the current (or last) reply has taken on the deployment; None when
         the decode core is not staged."""
         now = self._sim_now()
-        return None if now is None or self._sim0 is None else now - self._sim0
+        if now is None:
+            return None
+        return 0.0 if self._sim0 is None else now - self._sim0
 
     def warmup(self) -> None:
         """Prefill the persona and examples (and compile/load the kernels)."""

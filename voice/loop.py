@@ -378,8 +378,7 @@ class VoiceLoop:
         start = clock.now()
         try:
             while sentences < self.cfg.max_sentences:
-                sim0 = llm.sim_elapsed_s()
-                if self.cfg.pace and sim0 is not None:
+                if self.cfg.pace and llm.sim_elapsed_s() is not None:  # on a simulated deployment
                     piece = next(stream, None)  # off the clock: the deployment's time is what it costs
                     r.due_s = start + llm.sim_elapsed_s()
                     while clock.now() < r.due_s:

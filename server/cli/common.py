@@ -48,7 +48,7 @@ def loop_config(args):
     if args.budget_ms <= 0:
         raise CLIError("--budget-ms must be > 0")
     return LoopConfig(budget_ms=args.budget_ms, speculative=not args.no_speculative, ack=args.ack,
-                      pace=getattr(args, "pace", False))
+                      pace=args.pace)
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,10 @@ class Deployed:
 
     name: str
     token_s: float  # one decode step there
-    tok_s: float
+
+    @property
+    def tok_s(self) -> float:
+        return 1 / self.token_s
 
     def project(self, stamps: dict, llm: dict, budget_ms: float) -> dict | None:
         from wafer.deploy import simulated_turn
@@ -77,7 +80,7 @@ def deployment(args):
     except (CatalogueError, PlacementError) as e:
         raise CLIError(f"--deployment: {e}") from None
     name = dep.label(placement, cost)
-    return dep, Deployed(name, cost.token_time(), 1 / cost.token_time())
+    return dep, Deployed(name, cost.token_time())
 
 
 def engine_options(args, dep):
