@@ -93,7 +93,6 @@ class SharedEngines:
         # voice each use every core while they run, so they take turns on them (one lock), never
         # oversubscribing the two cores with three thread teams.
         self.asr = ComputeThread("asr", cores=self.compute.cores)
-        self.tts_lock = self.compute.cores
         self.sample_rate = engines.tts.sample_rate
 
     @classmethod
@@ -112,7 +111,7 @@ class SharedEngines:
         llm = LLMConversation(gen, persona=persona or base.persona, max_tokens=base.max_tokens, sampling=base.sampling,
                               history_turns=base.history_turns)
         return Engines(transcriber=_ComputeTranscriber(self.base.transcriber, self.asr), llm=llm,
-                       tts=_LockedSynthesizer(self.base.tts, self.tts_lock), ack_pcm=self.base.ack_pcm,
+                       tts=_LockedSynthesizer(self.base.tts, self.compute.cores), ack_pcm=self.base.ack_pcm,
                        project=self.base.project)
 
     def with_persona(self, engines: Engines, persona: Persona) -> Engines:

@@ -380,7 +380,7 @@ class VoiceLoop:
             while sentences < self.cfg.max_sentences:
                 if self.cfg.pace and llm.sim_elapsed_s() is not None:  # on a simulated deployment
                     piece = next(stream, None)  # off the clock: the deployment's time is what it costs
-                    r.due_s = start + llm.sim_elapsed_s()
+                    r.due_s = start + llm.sim_elapsed_s()  # (now including the piece's own passes)
                     while clock.now() < r.due_s:
                         yield  # step() passes this answer by until its simulated time has come
                     r.due_s = None

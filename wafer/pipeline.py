@@ -183,13 +183,13 @@ def schedule(cost: CostModel, n: int, entries: list, on_start, on_done) -> Timel
 
 
 @dataclass(frozen=True)
-class _SimSeq:
+class SeqRef:
     index: int
 
 
 @dataclass(frozen=True)
 class _SimItem:
-    seq: _SimSeq
+    seq: SeqRef
     token: int
     ids: range
 
@@ -202,7 +202,7 @@ def simulate(cost: CostModel, sequences: int, tokens: int) -> Timeline:
     def on_done(item, _handle, _now):
         return [_SimItem(item.seq, item.token + 1, one)] if item.token + 1 < tokens else []
 
-    return schedule(cost, cost.placement.n_units, [_SimItem(_SimSeq(j), 0, one) for j in range(sequences)],
+    return schedule(cost, cost.placement.n_units, [_SimItem(SeqRef(j), 0, one) for j in range(sequences)],
                     lambda k, item: None, on_done)
 
 

@@ -26,7 +26,7 @@ from decode.model import Model, RunState
 
 from .clock import Timeline
 from .deploy import Deployment
-from .pipeline import schedule
+from .pipeline import SeqRef, schedule
 from .placement import Placement
 from .timing import CostModel
 
@@ -51,23 +51,18 @@ class StagedState(RunState):
 
 
 @dataclass(frozen=True, slots=True)
-class _Seq:
-    index: int = 0
-
-
-_SEQ = _Seq()
-
-
-@dataclass(frozen=True, slots=True)
 class _Pass:
     """One chunk of a forward call on its way through the stages (what ``schedule`` moves)."""
 
-    seq: _Seq
+    seq: SeqRef
     token: int  # the chunk's index in its call
     ids: np.ndarray  # the chunk's token ids
     pos0: int
     x: np.ndarray  # its hidden states: each chunk in flight has its own
     last: bool  # the chunk whose last hidden state gives the logits
+
+
+_SEQ0 = SeqRef(0)  # a staged forward pass moves one sequence through the schedule
 
 
 def local_ranges(placement: Placement, n_layers: int) -> tuple[range, ...]:
@@ -115,7 +110,7 @@ class StagedModel:
         tokens = self.inner.check_tokens(tokens, pos0)
         m, n = self.inner, tokens.shape[0]
         starts = range(0, n, s.chunk)
-        passes = [_Pass(_SEQ, c, tokens[c0:c0 + s.chunk], pos0 + c0,
+        passes = [_Pass(_SEQ0, c, tokens[c0:c0 + s.chunk], pos0 + c0,
                         s.x[:min(n, s.chunk)] if len(starts) == 1 else np.zeros((min(s.chunk, n - c0), m.config.d_model), np.float32),
                         c == len(starts) - 1)
                   for c, c0 in enumerate(starts)]
@@ -151,7 +146,7 @@ class StagedModel:
     def _step_timeline(self) -> Timeline:
         """The schedule of one decode step (what every single-token pass costs), worked out once."""
         if self._step is None:
-            one = _Pass(_SEQ, 0, np.zeros(1, np.int64), 0, np.zeros((1, 1), np.float32), True)
+            one = _Pass(_SEQ0, 0, np.zeros(1, np.int64), 0, np.zeros((1, 1), np.float32), True)
             self._step = schedule(self.cost, self._n, [one], lambda k, p: None, lambda p, handle, now: [])
         return self._step
 

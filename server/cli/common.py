@@ -30,7 +30,7 @@ def voice_flags(sp) -> None:
     sp.add_argument("--ack", action="store_true", help="play a short acknowledgement when the answer is late")
     sp.add_argument("--persona", metavar="JSON", help='system prompt and examples: {"system": "...", "examples": [[q, a], ...]} '
                                                       "(default: the Bright Bakery persona the samples use)")
-    sp.add_argument("--deployment", "--emulate", dest="deployment", metavar="MODEL@HWxN[:BITSbit]",
+    sp.add_argument("--deployment", "--emulate", dest="deployment", metavar="MODEL@HWxN[:BITSbit][,batch=N]",
                     help="the simulated deployment every turn's decode runs on, e.g. llama-3.1-70b@cs3x4 or "
                          "frontier-moe@h200x16:8bit (GPUs serve a batch of 64 users per step unless ',batch=N'); "
                          "see `wafervox sim --list`. Default: this model on as many simulated CS-3 wafers as it needs. "
@@ -79,15 +79,17 @@ def deployment(args):
         placement, cost = dep.build()
     except (CatalogueError, PlacementError) as e:
         raise CLIError(f"--deployment: {e}") from None
-    name = dep.label(placement, cost)
-    return dep, Deployed(name, cost.token_time())
+    return (placement, cost), Deployed(dep.label(placement, cost), cost.token_time())
 
 
-def engine_options(args, dep):
+def engine_options(args, built, deployed: Deployed):
+    """The engine options, with the decode core staged on the deployment already built."""
     from voice.engines import EngineOptions
-    from wafer.staged import stage
+    from wafer.staged import StagedModel
 
-    return EngineOptions(tts=args.tts, model=args.model, deploy=lambda model: stage(model, dep))
+    placement, cost = built
+    return EngineOptions(tts=args.tts, model=args.model,
+                         deploy=lambda model: StagedModel(model, placement, cost, deployed.name))
 
 
 def persona(args):
@@ -98,18 +100,32 @@ def persona(args):
 
 def load(args, console, shared: bool = False):
     """The engines for ``args`` (the shared server ones with ``shared``), every turn's decode on the
-    chosen deployment; returns (engines, Deployed)."""
+    chosen deployment and each turn's report carrying its ``simulated`` block; returns (engines, Deployed)."""
     from voice.engines import SharedEngines, load_engines
 
-    dep, deployed = deployment(args)
+    built, deployed = deployment(args)
     pers = persona(args)  # a bad persona file is reported before the slow load
-    opts = engine_options(args, dep)
+    opts = engine_options(args, built, deployed)
     loader = SharedEngines.load if shared else load_engines
     with console.status("loading engines") as status:
         engines, times = loader(opts, persona=pers, progress=status.update)
+    (engines.base if shared else engines).project = deployed.project
     console.print(f"[dim]engines ready: asr {times['asr_ms']:.0f} ms, llm {times['llm_ms']:.0f} ms, "
                   f"tts {times['tts_ms']:.0f} ms; decode on simulated {deployed.name} ({deployed.tok_s:,.0f} tok/s per user)[/]")
     return engines, deployed
+
+
+def report_printer(args, console):
+    """What run and mic do with each turn's report: a JSON line, or the turn's table."""
+    import json
+
+    def on_report(r) -> None:
+        if args.json:
+            print(json.dumps(r.to_dict()), flush=True)
+        else:
+            print_turn(console, r)
+
+    return on_report
 
 
 def print_turn(console, r) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .common import load, loop_config, print_summary, print_turn, voice_flags
+from .common import load, loop_config, print_summary, report_printer, voice_flags
 
 
 def add_parser(sub) -> None:
@@ -27,15 +27,9 @@ def run(args) -> int:
     console = Console(stderr=args.json)
     config = loop_config(args)
     engines, deployed = load(args, console)
-    engines.project = deployed.project
     mic = Microphone(rate=16000)
     speaker = Speaker(engines.tts.sample_rate)
-
-    def on_report(r):
-        if args.json:
-            print(json.dumps(r.to_dict()), flush=True)
-        else:
-            print_turn(console, r)
+    on_report = report_printer(args, console)
 
     loop = VoiceLoop(engines, speaker, RealClock(), config, on_report=on_report)
 

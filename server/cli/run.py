@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .common import CLIError, load, loop_config, print_summary, print_turn, voice_flags
+from .common import CLIError, load, loop_config, print_summary, report_printer, voice_flags
 
 
 def add_parser(sub) -> None:
@@ -52,13 +52,7 @@ def run(args) -> int:
     engines, deployed = load(args, console)
     console.print(f"playing {len(files)} file(s) {'in real time' if args.realtime else 'as fast as possible (virtual clock)'}, "
                   f"budget {config.budget_ms:.0f} ms" + (f", answers paced to {deployed.name}" if config.pace else "") + "\n")
-    engines.project = deployed.project
-
-    def on_report(r):
-        if args.json:
-            print(json.dumps(r.to_dict()), flush=True)
-        else:
-            print_turn(console, r)
+    on_report = report_printer(args, console)
 
     sink = BufferSink(engines.tts.sample_rate)
     speaker = None

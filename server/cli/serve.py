@@ -56,7 +56,6 @@ def run(args) -> int:
     opts = ServerOptions(host=args.host, port=args.port, token=token, origins=tuple(args.allow_origin), limits=limits,
                          loop_config=loop_config(args))
     shared, deployed = load(args, console, shared=True)
-    shared.base.project = deployed.project
 
     async def main() -> None:
         server = VoiceServer(shared, opts)
