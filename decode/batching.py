@@ -21,8 +21,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-#: The most sequences stepped in one batched pass.
-MAX_BATCH = 8
+from .qint import MAX_BATCH  # the most sequences one batched pass takes
 
 
 class _Step:
@@ -37,6 +36,9 @@ class _Step:
     @property
     def single(self) -> bool:
         return len(self.tokens) == 1
+
+    def run_alone(self) -> None:
+        _settle(self.future, self.model.forward, self.state, self.tokens, self.pos0)
 
 
 class ComputeThread:
@@ -98,7 +100,7 @@ class ComputeThread:
                     pending.append(nxt)  # served next, in its turn
             self._run_batch(batch)
         elif isinstance(job, _Step):
-            _settle(job.future, job.model.forward, job.state, job.tokens, job.pos0)
+            job.run_alone()
         else:
             fn, args, fut = job
             _settle(fut, fn, *args)
@@ -106,8 +108,7 @@ class ComputeThread:
     def _run_batch(self, batch: list[_Step]) -> None:
         self.batches[len(batch)] = self.batches.get(len(batch), 0) + 1
         if len(batch) == 1:
-            j = batch[0]
-            _settle(j.future, j.model.forward, j.state, j.tokens, j.pos0)
+            batch[0].run_alone()
             return
         model = batch[0].model
         forward_batch = getattr(model, "forward_batch", None) or (lambda states, toks, poss: forward_each(model, states, toks, poss))
@@ -116,7 +117,7 @@ class ComputeThread:
                                       [j.pos0 for j in batch])
         except BaseException:  # find whose step failed: run them one by one, each gets its own outcome
             for j in batch:
-                _settle(j.future, j.model.forward, j.state, j.tokens, j.pos0)
+                j.run_alone()
             return
         for j, logits in zip(batch, out):
             if j.future.set_running_or_notify_cancel():

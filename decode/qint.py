@@ -36,7 +36,6 @@ their results are identical.  Every kernel takes ``B`` activation rows (batched 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,13 +130,6 @@ def pack(mats) -> PackedMatrix | None:
     for a in (qs, d, m):
         a.setflags(write=False)
     return PackedMatrix(qtype, rows, nb * 32, qs, d, m)
-
-
-def timed_pack(mats) -> tuple[PackedMatrix | None, float]:
-    """``pack(mats)`` and the seconds it took."""
-    t0 = time.perf_counter()
-    p = pack(mats)
-    return p, time.perf_counter() - t0
 
 
 # -- the activations ----------------------------------------------------------------------------
@@ -471,7 +463,6 @@ def qmatvec_plain(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, out, ad
         msc = np.zeros(LANES, np.float32)
         isum = np.empty(LANES, np.int32)
         acc = np.zeros((B, LANES), np.float32)
-        acc[:] = 0.0
         for blk in range(nb):
             _halves_table(dh, t, blk, dsc)
             if q4_1:
@@ -520,10 +511,11 @@ class IntKernels:
 
 def select(kind: str = "auto") -> IntKernels:
     """``"vnni"`` when the CPU numba compiles for has AVX-512 VNNI (``"auto"``), else ``"plain"``."""
+    vnni = simd.has_vnni()
     if kind == "auto":
-        kind = "vnni" if simd.has_vnni() else "plain"
+        kind = "vnni" if vnni else "plain"
     if kind == "vnni":
-        if not simd.has_vnni():
+        if not vnni:
             raise ValueError("the VNNI kernels need a CPU with AVX-512 VNNI (avx512vnni, avx512bw)")
         return IntKernels("vnni", qmatvec_vnni, block_isums_vnni)
     if kind == "plain":

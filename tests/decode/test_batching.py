@@ -17,7 +17,7 @@ def _prompts(generator):
     return [generator.encode_chat([{"role": "user", "content": q}]) for q in qs]
 
 
-def test_concurrent_sequences_get_their_own_tokens_and_share_passes(model, generator):
+def test_concurrent_sequences_get_their_own_tokens_through_the_gate(model, generator):
     compute = ComputeThread("test-decode")
     try:
         batched = Generator(model=BatchingModel(model, compute))
@@ -88,5 +88,29 @@ def test_a_bad_step_fails_alone(model):
         with pytest.raises(ValueError, match="out of range"):
             bm.forward(bad, [10**9], 0)
         assert compute.call(lambda x: x + 1, 1) == 2
+        # a bad step inside a batch: the batch falls back to one by one, and only the bad one fails
+        hold = threading.Event()
+        busy = threading.Thread(target=compute.call, args=(hold.wait, 5))
+        busy.start()
+        time.sleep(0.1)
+        results = {}
+
+        def step(name, s, tok, pos):
+            try:
+                results[name] = bm.forward(s, [tok], pos).copy()
+            except ValueError as e:
+                results[name] = e
+
+        threads = [threading.Thread(target=step, args=("good", good, 5, 4)),
+                   threading.Thread(target=step, args=("bad", bad, 10**9, 0))]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        hold.set()
+        busy.join(10)
+        for t in threads:
+            t.join(60)
+        assert compute.batches.get(2) == 1, compute.batches
+        assert isinstance(results["bad"], ValueError) and np.isfinite(results["good"]).all()
     finally:
         compute.close()

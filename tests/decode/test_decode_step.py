@@ -54,7 +54,6 @@ def test_every_decode_matrix_is_packed_from_the_file(model):
         assert not np.shares_memory(got, w.wq.data) and not got.flags.writeable
     assert not w.wq.data.flags.writeable  # the file's view stays read-only: the repack only reads it
     assert 0.9 < p.nbytes / model.weights.nbytes < 1.1  # as many bytes as the file's blocks, plus tile padding
-    assert p.seconds > 0
 
 
 def test_int_decode_tracks_float_decode(model, float_model, tokenizer):
