@@ -25,7 +25,7 @@ import numpy as np
 from . import qint
 from .errors import ContextLengthError, ModelFileError
 from .gguf_file import Config, GGUFFile, Tensor, open_gguf
-from .ops import add_into, attention, embed, rmsnorm, rope, rope_tables, silu_mul
+from .ops import add_into, attention, embed, rmsnorm, rope, rope_at, rope_tables, silu_mul
 from .qint import PackedMatrix
 from .quant import QType, matmat, matvec, matvec3
 from .step_ops import cache_attend, cache_tuples
@@ -234,15 +234,14 @@ class Model:
     can share one loaded model; one ``RunState`` must be used by one thread at a time.
     ``int_kernels``: ``True`` (the integer decode kernels for this CPU), ``"vnni"`` or
     ``"plain"`` (one implementation by name), or ``False`` (float kernels only).
-    ``int_prefill``: run prompts on the decode step's integer kernels too, ``PREFILL_GROUP``
-    tokens per pass (layers whose matrices are all packed): about twice the float prefill's
-    speed here, and every prompt token gets exactly what a decode step would give it.  Off by
-    default: against llama.cpp it agrees as well or better on average, but on the fixture's
-    near-tied first tokens (margins 0.29 and 0.02 in llama.cpp itself) its argmax follows
-    rounding-level details of the build, where the float prefill's does not.
+    ``int_prefill`` (default): run prompts on the decode step's integer kernels too,
+    ``PREFILL_GROUP`` tokens per pass (layers whose matrices are all packed): about twice the
+    float prefill's speed, and every prompt token gets exactly what a decode step would give it.
+    ``False``: prompts on the float kernels (``matmat``).  Either way the KV cache holds values
+    rounded to halves, as llama.cpp's default f16 cache does.
     """
 
-    def __init__(self, path=None, n_ctx: int | None = None, int_kernels: bool | str = True, int_prefill: bool = False):
+    def __init__(self, path=None, n_ctx: int | None = None, int_kernels: bool | str = True, int_prefill: bool = True):
         self.file = open_gguf(path)
         self.config = self.file.config
         self.weights = load_weights(self.file)
@@ -285,8 +284,8 @@ class Model:
         rope(q, cfg.n_heads, cfg.head_dim, cfg.rope_dims, pos0, self.cos, self.sin)
         rope(k, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims, pos0, self.cos, self.sin)
         kc, vc = s.k_cache[i], s.v_cache[i]
-        kc[pos0:pos0 + n] = k
-        vc[pos0:pos0 + n] = v
+        kc[pos0:pos0 + n] = k.astype(np.float16)  # the cache holds halves, as step_ops.cache_attend writes them
+        vc[pos0:pos0 + n] = v.astype(np.float16)
         att = s.att[:n]
         attention(q, kc, vc, pos0, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, att)
         proj = s.proj[:n]
@@ -324,13 +323,8 @@ class Model:
                 matvec3(int(w.wq.qtype), w.wq.data, int(w.wk.qtype), w.wk.data, int(w.wv.qtype), w.wv.data,
                         b.xb[r], b.q[r], b.k[r], b.v[r])
         b.pos[:] = positions
-        if len(states) == 1:  # consecutive positions: one RoPE call for all rows
-            rope(b.q, cfg.n_heads, cfg.head_dim, cfg.rope_dims, int(b.pos[0]), self.cos, self.sin)
-            rope(b.k, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims, int(b.pos[0]), self.cos, self.sin)
-        else:
-            for r in range(nrows):
-                rope(b.q[r:r + 1], cfg.n_heads, cfg.head_dim, cfg.rope_dims, int(b.pos[r]), self.cos, self.sin)
-                rope(b.k[r:r + 1], cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims, int(b.pos[r]), self.cos, self.sin)
+        rope_at(b.q, cfg.n_heads, cfg.head_dim, cfg.rope_dims, b.pos, self.cos, self.sin)  # one call for all rows
+        rope_at(b.k, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims, b.pos, self.cos, self.sin)
         ks, vs, n_caches = cache_tuples(states)
         cache_attend(b.qkv, ks, vs, n_caches, i, b.pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, b.att)
         if p and p.wo:

@@ -10,20 +10,30 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from . import simd
 from .quant import dequant_row
 
 _JIT = dict(cache=True, nogil=True)
 _FAST = {"reassoc", "contract", "nsz", "arcp"}
 
 
-@njit(fastmath=_FAST, **_JIT)
+@njit(**_JIT)
 def rmsnorm(x, weight, eps, out):
-    """``out[t] = x[t] / rms(x[t]) * weight`` for every row ``t``."""
+    """``out[t] = x[t] / rms(x[t]) * weight`` for every row ``t``.  No fast-math: the sum of
+    squares runs 16 lanes wide in the source's order, so it is the same in every build (the
+    integer kernels normalize their input with it)."""
     ntok, d = x.shape
+    lanes = np.empty(16, np.float32)
+    d16 = d - d % 16
     for t in range(ntok):
-        ss = np.float32(0.0)
-        for i in range(d):
-            ss += x[t, i] * x[t, i]
+        row = x[t]
+        a = simd.fsplat(np.float32(0.0))
+        for i in range(0, d16, 16):
+            v = simd.fload(row, i)
+            a = simd.fadd(a, simd.fmul(v, v))
+        ss = simd.fsum(a, lanes)
+        for i in range(d16, d):
+            ss += row[i] * row[i]
         scale = np.float32(1.0 / math.sqrt(ss / d + eps))
         for i in range(d):
             out[t, i] = x[t, i] * scale * weight[i]
@@ -46,6 +56,24 @@ def rope(x, n_heads, head_dim, rot_dims, pos0, cos, sin):
     half = rot_dims // 2
     for t in range(ntok):
         p = pos0 + t
+        for h in range(n_heads):
+            base = h * head_dim
+            for i in range(half):
+                a = x[t, base + 2 * i]
+                b = x[t, base + 2 * i + 1]
+                c = cos[p, i]
+                s = sin[p, i]
+                x[t, base + 2 * i] = a * c - b * s
+                x[t, base + 2 * i + 1] = a * s + b * c
+
+
+@njit(**_JIT)
+def rope_at(x, n_heads, head_dim, rot_dims, positions, cos, sin):
+    """``rope`` with row ``t`` of ``x`` at ``positions[t]`` (rows of different sequences in one
+    call); the same arithmetic per element."""
+    half = rot_dims // 2
+    for t in range(x.shape[0]):
+        p = positions[t]
         for h in range(n_heads):
             base = h * head_dim
             for i in range(half):
@@ -114,6 +142,8 @@ def silu_mul(gate, up):
 @njit(**_JIT)
 def embed(qtype, table, tokens, out):
     """Rows ``tokens`` of the (quantized) embedding table, as float32 ``out (tokens, d)``."""
+    if out.shape[0] < tokens.shape[0]:
+        raise ValueError("embed: out has fewer rows than there are tokens")
     for t in range(tokens.shape[0]):
         dequant_row(qtype, table, tokens[t], out[t])
 

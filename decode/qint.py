@@ -1,15 +1,16 @@
 """Integer matrix-vector kernels: 8-bit activations times 4/8-bit weights, int32 sums, one scale per block.
 
 llama.cpp's decode arithmetic.  The activation vector of each product is quantized once, per
-32-element block ``b``: ``dx[b] = max|x| / 127``, ``q = rint(x / dx[b])`` (int8) and the block's
-integer sum ``sx[b] = sum(q)``.  A weight block holds unsigned codes ``u`` (Q4: the nibble 0..15;
+32-element block ``b``, as llama.cpp's ``block_q8_0`` / ``block_q8_1``: ``d = max|x| / 127``,
+``q = rint(x / d)`` (int8), the block's integer sum ``sx[b] = sum(q)``, and the scale stored as
+a half, ``dx[b] = half(d)`` (Q4_1's min term too: ``mx[b] = half(d * sx[b])``).  A weight block holds unsigned codes ``u`` (Q4: the nibble 0..15;
 Q8_0: the int8 plus 128), so each block's dot product is an exact int32 ``S = sum(u * q)`` and
 
 ======  ==========================================================  ================
 type    block value                                                 offset ``off``
 ======  ==========================================================  ================
 Q4_0    ``d * dx * (S - 8 * sx)``                                   8
-Q4_1    ``d * dx * S + m * (dx * sx)``                              0 (min term)
+Q4_1    ``d * dx * S + m * mx``                                     0 (min term)
 Q8_0    ``d * dx * (S - 128 * sx)``                                 128
 ======  ==========================================================  ================
 
@@ -135,11 +136,25 @@ def pack(mats) -> PackedMatrix | None:
 # -- the activations ----------------------------------------------------------------------------
 
 
+@njit(inline="always", **_JIT)
+def half_round(v):
+    """float32 ``v`` rounded to the nearest IEEE half (ties to even), as float32 (``|v|`` below
+    65520: activations' scales are far smaller)."""
+    a = abs(v)
+    if a < np.float32(6.103515625e-05):  # half subnormals: multiples of 2**-24, exact in float32
+        r = np.float32(np.rint(a * np.float32(16777216.0)) * np.float32(5.9604644775390625e-08))
+    else:  # 10 mantissa bits: round the float32's 23 at bit 13
+        b = simd.f32_bits(a)
+        r = simd.bits_f32((b + np.int32(0xFFF) + ((b >> np.int32(13)) & np.int32(1))) & np.int32(~0x1FFF))
+    return r if v >= np.float32(0.0) else -r
+
+
 @njit(**_JIT)
-def quantize_q8(x, xq, xd, xs):
-    """Rows ``x (B, n)`` as 8-bit blocks: ``xq`` (flat int8, ``B * n``), scales ``xd`` and integer
-    sums ``xs`` (flat, ``B * n / 32``), row after row.  ``q = rint(x * (1 / d))`` with ``d = max|x| / 127``
-    (llama.cpp's ``quantize_row_q8_0``; ties to even)."""
+def quantize_q8(x, xq, xd, xs, xm):
+    """Rows ``x (B, n)`` as 8-bit blocks: ``xq`` (flat int8, ``B * n``), scales ``xd``, integer
+    sums ``xs`` and min terms ``xm`` (flat, ``B * n / 32``), row after row.  ``q = rint(x * (1 / d))``
+    with ``d = max|x| / 127`` (ties to even, as llama.cpp's vectorized ``quantize_row_q8_0``), then
+    ``xd = half(d)`` and ``xm = half(d * sum(q))``: the halves its Q8 blocks store."""
     B, n = x.shape
     nb = n // 32
     bs = n // nb if nb else 32  # 32, as a run-time value: LLVM vectorizes the loops instead of unrolling them
@@ -159,8 +174,9 @@ def quantize_q8(x, xq, xd, xs):
                 q = np.int32(np.rint(x[s, b * 32 + j] * inv))
                 xq[o + j] = q
                 total += q
-            xd[s * nb + b] = dx
+            xd[s * nb + b] = half_round(dx)
             xs[s * nb + b] = total
+            xm[s * nb + b] = half_round(dx * np.float32(total))
 
 
 @njit(inline="always", **_JIT)
@@ -211,17 +227,17 @@ def _check(qs, x, prep, out, xq):
 
 
 @njit(inline="always", **_JIT)
-def _prepare(x, prep, norm, eps, xn, xq, xd, xs):
+def _prepare(x, prep, norm, eps, xn, xq, xd, xs, xm):
     """Quantize the kernels' input (see ``PREP_*``); returns its length."""
     if prep == PREP_SWIGLU:
         swiglu_rows(x)
-        quantize_q8(x[:, :x.shape[1] // 2], xq, xd, xs)
+        quantize_q8(x[:, :x.shape[1] // 2], xq, xd, xs, xm)
         return x.shape[1] // 2
     if prep == PREP_RMSNORM:
         rmsnorm(x, norm, eps, xn)
-        quantize_q8(xn, xq, xd, xs)
+        quantize_q8(xn, xq, xd, xs, xm)
     else:
-        quantize_q8(x, xq, xd, xs)
+        quantize_q8(x, xq, xd, xs, xm)
     return x.shape[1]
 
 
@@ -229,11 +245,12 @@ def _prepare(x, prep, norm, eps, xn, xq, xd, xs):
 
 
 @njit(inline="always", **_JIT)
-def combine(q4_1, off, dsc, msc, isum, dx, sx, acc, s):
+def combine(q4_1, off, dsc, msc, isum, dx, sx, mx, acc, s):
     """Add one block of 16 rows into ``acc[s]``: ``isum`` their int32 sums, ``dsc``/``msc`` their
-    scales and mins as float32, ``dx``/``sx`` the activation block's scale and integer sum."""
+    scales and mins as float32, ``dx``/``sx``/``mx`` the activation block's scale, integer sum
+    and min term."""
     if q4_1:
-        ms = dx * np.float32(sx)
+        ms = mx
         for r in range(LANES):
             acc[s, r] = acc[s, r] + ((dsc[r] * dx) * np.float32(isum[r]) + msc[r] * ms)
     else:
@@ -310,11 +327,11 @@ def _q8_dot(w, xq, xo):
 
 
 @njit(inline="always", **_JIT)
-def _vcombine(q4_1, off, d, m, a, dx, sx, acc):
+def _vcombine(q4_1, off, d, m, a, dx, sx, mx, acc):
     """``combine`` on vectors (the VNNI path): the same float operations in the same order."""
     if q4_1:
         t = simd.fmul(simd.fmul(d, simd.fsplat(dx)), simd.vtofloat(a))
-        return simd.fadd(acc, simd.fadd(t, simd.fmul(m, simd.fsplat(dx * np.float32(sx)))))
+        return simd.fadd(acc, simd.fadd(t, simd.fmul(m, simd.fsplat(mx))))
     return simd.fadd(acc, simd.fmul(simd.fmul(d, simd.fsplat(dx)), simd.vtofloat(simd.vsub(a, simd.vsplat(off * sx)))))
 
 
@@ -347,7 +364,7 @@ def _prefetch_ahead(qs, base, is_q8):
 
 
 @njit(inline="always", **_JIT)
-def _tile1_vnni(qtype, qs, dh, mh, xq, xd, xs, t, acc):
+def _tile1_vnni(qtype, qs, dh, mh, xq, xd, xs, xm, t, acc):
     """One activation row: the 16 lanes' accumulator stays in a register over the blocks."""
     nb, nbytes = qs.shape[1], qs.shape[2]
     q4_1, is_q8, off = qtype == _Q4_1, qtype == _Q8_0, _offset(qtype)
@@ -359,12 +376,12 @@ def _tile1_vnni(qtype, qs, dh, mh, xq, xd, xs, t, acc):
         d = simd.fhalves(dh, hb)
         m = simd.fhalves(mh, hb) if q4_1 else d
         a = _dot_vnni(is_q8, qs, base, xq, blk * 32)
-        v = _vcombine(q4_1, off, d, m, a, xd[blk], xs[blk], v)
+        v = _vcombine(q4_1, off, d, m, a, xd[blk], xs[blk], xm[blk], v)
     simd.fstore(acc, 0, v)
 
 
 @njit(inline="always", **_JIT)
-def _tile_vnni(qtype, qs, dh, mh, xq, xd, xs, n, t, acc):
+def _tile_vnni(qtype, qs, dh, mh, xq, xd, xs, xm, n, t, acc):
     """``B`` rows: each block's quants are loaded and unpacked once, then used for every row."""
     B = acc.shape[0]
     nb, nbytes = qs.shape[1], qs.shape[2]
@@ -383,32 +400,32 @@ def _tile_vnni(qtype, qs, dh, mh, xq, xd, xs, n, t, acc):
             for s in range(B):
                 a = _q8_dot(w, xq, s * n + blk * 32)
                 i = s * nb + blk
-                simd.fstore(acc, s * LANES, _vcombine(q4_1, off, d, m, a, xd[i], xs[i], simd.fload(acc, s * LANES)))
+                simd.fstore(acc, s * LANES, _vcombine(q4_1, off, d, m, a, xd[i], xs[i], xm[i], simd.fload(acc, s * LANES)))
         else:
             w = _q4_unpack(qs, base)
             for s in range(B):
                 a = _q4_dot(w, xq, s * n + blk * 32)
                 i = s * nb + blk
-                simd.fstore(acc, s * LANES, _vcombine(q4_1, off, d, m, a, xd[i], xs[i], simd.fload(acc, s * LANES)))
+                simd.fstore(acc, s * LANES, _vcombine(q4_1, off, d, m, a, xd[i], xs[i], xm[i], simd.fload(acc, s * LANES)))
 
 
 @njit(parallel=True, **_JIT)
-def qmatvec_vnni(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, out, add):
+def qmatvec_vnni(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add):
     """``out[s] (+)= W . x[s]`` for the ``B`` rows of ``x (B, cols)``, ``W`` a ``PackedMatrix``'s
     ``qs, d, m`` of type ``qtype``; ``out (B, rows)`` is overwritten, or added to when ``add``.
     The input is ``x`` as it is (``prep`` PREP_NONE), RMS-normalized times ``norm`` into ``xn``
     (PREP_RMSNORM, ``ops.rmsnorm``), or with PREP_SWIGLU ``silu(gate) * up`` of ``x (B, 2 * cols)``
-    (gate | up; written over the gate half).  ``xq, xd, xs`` (flat, at least ``B * cols`` and
+    (gate | up; written over the gate half).  ``xq, xd, xs, xm`` (flat, at least ``B * cols`` and
     ``B * cols / 32``) receive the input quantized."""
     _check(qs, x, prep, out, xq)
-    n = _prepare(x, prep, norm, eps, xn, xq, xd, xs)
+    n = _prepare(x, prep, norm, eps, xn, xq, xd, xs, xm)
     B, rows = out.shape
     for t in prange(qs.shape[0]):
         acc = np.empty((B, LANES), np.float32)  # hoisted by numba: one per thread and call
         if B == 1:
-            _tile1_vnni(qtype, qs, dh, mh, xq, xd, xs, t, acc)
+            _tile1_vnni(qtype, qs, dh, mh, xq, xd, xs, xm, t, acc)
         else:
-            _tile_vnni(qtype, qs, dh, mh, xq, xd, xs, n, t, acc)
+            _tile_vnni(qtype, qs, dh, mh, xq, xd, xs, xm, n, t, acc)
         _store(acc, out, t, rows, add)
 
 
@@ -450,10 +467,10 @@ def _isum_plain(qtype, qs, t, blk, xq, xo, isum):
 
 
 @njit(parallel=True, **_JIT)
-def qmatvec_plain(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, out, add):
+def qmatvec_plain(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add):
     """``qmatvec_vnni`` in plain numba (any CPU): the same sums, the same combine, the same results."""
     _check(qs, x, prep, out, xq)
-    n = _prepare(x, prep, norm, eps, xn, xq, xd, xs)
+    n = _prepare(x, prep, norm, eps, xn, xq, xd, xs, xm)
     B, rows = out.shape
     nb = qs.shape[1]
     q4_1 = qtype == _Q4_1
@@ -469,7 +486,8 @@ def qmatvec_plain(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, out, ad
                 _halves_table(mh, t, blk, msc)
             for s in range(B):
                 _isum_plain(qtype, qs, t, blk, xq, s * n + blk * 32, isum)
-                combine(q4_1, off, dsc, msc, isum, xd[s * nb + blk], xs[s * nb + blk], acc, s)
+                i = s * nb + blk
+                combine(q4_1, off, dsc, msc, isum, xd[i], xs[i], xm[i], acc, s)
         _store(acc, out, t, rows, add)
 
 
@@ -503,10 +521,10 @@ class IntKernels:
         of ``rmsnorm(x) * norm`` (written into ``normed``) when ``norm`` is given; ``act`` takes the
         input quantized."""
         if norm is not None:
-            self.matvec(int(p.qtype), p.qs, p.d, p.m, x, PREP_RMSNORM, norm, eps, normed, act.q, act.d, act.s, out, add)
+            self.matvec(int(p.qtype), p.qs, p.d, p.m, x, PREP_RMSNORM, norm, eps, normed, act.q, act.d, act.s, act.m, out, add)
         else:
             self.matvec(int(p.qtype), p.qs, p.d, p.m, x, PREP_SWIGLU if swiglu else PREP_NONE, NO_NORM, 0.0, NO_ROWS,
-                        act.q, act.d, act.s, out, add)
+                        act.q, act.d, act.s, act.m, out, add)
 
 
 def select(kind: str = "auto") -> IntKernels:
@@ -530,3 +548,4 @@ class Activations:
         self.q = np.zeros(rows * n, np.int8)
         self.d = np.zeros(rows * n // 32, np.float32)
         self.s = np.zeros(rows * n // 32, np.int32)
+        self.m = np.zeros(rows * n // 32, np.float32)

@@ -17,6 +17,7 @@ declares a numba type ``I32x16`` for LLVM's ``<16 x i32>`` and intrinsics on it:
 ``vtofloat(a)``                    int32 lanes as float32
 ``fhalves(h, i)``                  16 f16 bit patterns of uint16 array ``h`` from ``i``, as float32
 ``f32_bits(v)``, ``bits_f32(i)``   a float32's bit pattern as int32 and back (scalars)
+``fsum(v, lanes)``                 the 16 lanes of ``v`` added in one fixed order (via ``lanes``)
 =================================  ===========================================================
 
 ``vdpbusd`` compiles only for a CPU with AVX-512 VNNI: call it only when ``has_vnni()`` says so
@@ -29,7 +30,7 @@ from __future__ import annotations
 import numba
 from llvmlite import binding as ll
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
@@ -303,3 +304,16 @@ def has_vnni() -> bool:
     """Whether ``vdpbusd`` (and the 512-bit vectors around it) can be compiled for this target."""
     f = target_features()
     return {"avx512vnni", "avx512bw", "avx512f"} <= f
+
+
+@njit(inline="always", cache=True, nogil=True)
+def fsum(v, lanes):
+    """The 16 lanes of float32 vector ``v`` added in one fixed order (a pairwise tree), through
+    the 16-element float32 scratch ``lanes``: a sum whose value does not depend on the build."""
+    fstore(lanes, 0, v)
+    w = 8
+    while w:
+        for j in range(w):
+            lanes[j] = lanes[j] + lanes[j + w]
+        w //= 2
+    return lanes[0]

@@ -16,47 +16,64 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .qint import MAX_BATCH, exp_f32
+from . import simd
+from .qint import LANES, MAX_BATCH, exp_f32, half_round
 
 _JIT = dict(cache=True, nogil=True)
 #: Caches per ``cache_attend`` call (the most sequences a decode step batches).
 CACHE_SLOTS = MAX_BATCH
-_FAST = {"reassoc", "contract", "nsz", "arcp"}
 
 
 # Not inlined: every caller (any batch size, one cache or several) runs this one compiled
-# function, so a row's result cannot depend on where it was called from.
-@njit(fastmath=_FAST, error_model="numpy", **_JIT)
-def _head(qh, kc, vc, kvo, n, head_dim, scale, out):
-    """``out = softmax(K qh * scale) V`` over positions ``0 .. n - 1`` of one KV head (columns
-    ``kvo .. kvo + head_dim`` of ``kc``/``vc``)."""
+# function, so a row's result cannot depend on where it was called from.  No fast-math: the
+# sums run 16 lanes wide on ``simd``'s vectors, whose order is the source's, so the numbers do
+# not depend on what LLVM chose to vectorize in one build or another.
+@njit(error_model="numpy", **_JIT)
+def _head(q, qo, kc, vc, kvo, n, head_dim, scale, out):
+    """``out[qo : qo + head_dim] = softmax(K qh * scale) V`` with ``qh = q[qo : qo + head_dim]``
+    (``q``, ``out``: one row's q and attention output), over positions ``0 .. n - 1`` of one KV head (columns ``kvo .. kvo + head_dim``
+    of ``kc``/``vc``, ``(context, kv_dim)``)."""
+    kv = kc.shape[1]
     scores = np.empty(n, np.float32)
+    lanes = np.empty(LANES, np.float32)
+    nv = head_dim // LANES
+    rest = nv * LANES
     best = np.float32(-np.inf)
     for p in range(n):
-        s = np.float32(0.0)
-        kp = kc[p, kvo:kvo + head_dim]  # a slice, not kc[p, kvo + i]: only so does the loop vectorize
-        for i in range(head_dim):
-            s += qh[i] * kp[i]
+        base = p * kv + kvo
+        a = simd.fsplat(np.float32(0.0))
+        for j in range(nv):
+            a = simd.fadd(a, simd.fmul(simd.fload(q, qo + j * LANES), simd.fload(kc, base + j * LANES)))
+        s = simd.fsum(a, lanes)
+        for i in range(rest, head_dim):
+            s += q[qo + i] * kc[p, kvo + i]
         s *= scale
         scores[p] = s
         best = s if s > best else best
-    total = np.float32(0.0)
     for p in range(n):
-        e = exp_f32(scores[p] - best)
-        scores[p] = e
-        total += e
-    acc = np.zeros(head_dim, np.float32)  # local: no aliasing with the cache, so it vectorizes
-    for p in range(n):
-        wgt = scores[p]
-        vp = vc[p, kvo:kvo + head_dim]
-        for i in range(head_dim):
-            acc[i] += wgt * vp[i]
+        scores[p] = exp_f32(scores[p] - best)
+    t = simd.fsplat(np.float32(0.0))
+    n16 = n - n % LANES
+    for p in range(0, n16, LANES):
+        t = simd.fadd(t, simd.fload(scores, p))
+    total = simd.fsum(t, lanes)
+    for p in range(n16, n):
+        total += scores[p]
     inv = np.float32(1.0) / total
+    acc = np.zeros(head_dim, np.float32)
+    for p in range(n):
+        wgt = simd.fsplat(scores[p])
+        base = p * kv + kvo
+        for j in range(nv):
+            o = j * LANES
+            simd.fstore(acc, o, simd.fadd(simd.fload(acc, o), simd.fmul(wgt, simd.fload(vc, base + o))))
+        for i in range(rest, head_dim):
+            acc[i] += scores[p] * vc[p, kvo + i]
     for i in range(head_dim):
-        out[i] = acc[i] * inv
+        out[qo + i] = acc[i] * inv
 
 
-@njit(parallel=True, fastmath=_FAST, **_JIT)
+@njit(parallel=True, **_JIT)
 def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n_kv_heads, head_dim, att):
     """Row ``r`` of ``qkv`` is a token at ``positions[r]``: its k and v go into
     ``k_caches[c][layer, pos]`` / ``v_caches[c][layer, pos]`` and its attention over that cache
@@ -73,8 +90,8 @@ def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n
         kc, vc = k_caches[c][layer], v_caches[c][layer]
         pos = positions[r]
         for j in range(kv):
-            kc[pos, j] = qkv[r, qd + j]
-            vc[pos, j] = qkv[r, qd + kv + j]
+            kc[pos, j] = half_round(qkv[r, qd + j])
+            vc[pos, j] = half_round(qkv[r, qd + kv + j])
     group = n_heads // n_kv_heads
     scale = np.float32(1.0 / math.sqrt(head_dim))
     for task in prange(B * n_heads):
@@ -82,8 +99,8 @@ def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n
         h = task % n_heads
         c = r if n_caches > 1 else 0
         qo = h * head_dim
-        _head(qkv[r, qo:qo + head_dim], k_caches[c][layer], v_caches[c][layer], (h // group) * head_dim,
-              positions[r] + 1, head_dim, scale, att[r, qo:qo + head_dim])
+        _head(qkv[r], qo, k_caches[c][layer], v_caches[c][layer], (h // group) * head_dim,
+              positions[r] + 1, head_dim, scale, att[r])
 
 
 def cache_tuples(states) -> tuple[tuple, tuple, int]:

@@ -177,10 +177,11 @@ LANES = 16
 INT_OFFSET = {"Q4_0": 8, "Q4_1": 0, "Q8_0": 128}
 
 
-def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """llama.cpp's 8-bit activations of rows ``x (B, n)``: per 32-block ``d = max|x| / 127``,
-    ``q = rint(x * (1 / d))`` (0 where ``d`` is 0), and ``sum(q)``; float32 throughout.
-    Returns ``q int8 (B, n)``, ``d float32 (B, n/32)``, ``sums int32 (B, n/32)``."""
+def quantize_q8_exact(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """llama.cpp's 8-bit activations of rows ``x (B, n)`` before its scales are stored as halves:
+    per 32-block ``d = max|x| / 127``, ``q = rint(x * (1 / d))`` (0 where ``d`` is 0), and
+    ``sum(q)``; float32 throughout.  Returns ``q int8 (B, n)``, ``d float32 (B, n/32)``,
+    ``sums int32 (B, n/32)``."""
     x = np.asarray(x, np.float32)
     xb = x.reshape(x.shape[0], -1, 32)
     d = (np.abs(xb).max(axis=-1) / np.float32(127.0)).astype(np.float32)
@@ -188,6 +189,17 @@ def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     np.divide(np.float32(1.0), d, out=inv, where=d != 0)
     q = np.rint(xb * inv[..., None]).astype(np.int8)
     return q.reshape(x.shape), d, q.astype(np.int32).sum(axis=-1).astype(np.int32)
+
+
+def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``quantize_q8_exact`` as llama.cpp's ``block_q8_0``/``block_q8_1`` store it: the scale as a
+    half, ``half(d)``, and the Q8_1 min term ``half(d * sum(q))`` (numpy's float16 rounds to
+    nearest, ties to even).  Returns ``q``, ``half(d)``, ``sums``, ``half(d * sums)``, the last
+    three ``(B, n/32)``, float32 / int32 / float32."""
+    q, d, sums = quantize_q8_exact(x)
+    dh = d.astype(np.float16).astype(np.float32)
+    mh = (d * sums.astype(np.float32)).astype(np.float16).astype(np.float32)
+    return q, dh, sums, mh
 
 
 def int_codes(qtype: str, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -213,27 +225,37 @@ def int_block_sums(u: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 def int_matvec(qtype: str, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """``W . x[s]`` the integer way, ``float32 (B, rows)``: block after block in order,
-    ``acc + (d * dx) * float(S - off * sx)`` (Q4_1: ``acc + ((d * dx) * float(S) + m * (dx * float(sx))``)."""
+    ``acc + (d * dx) * float(S - off * sx)`` (Q4_1: ``acc + ((d * dx) * float(S) + m * mx)``)."""
     u, d, m = int_codes(qtype, w)
-    q, dx, sx = quantize_q8(x)
+    q, dx, sx, mx = quantize_q8(x)
     S = int_block_sums(u, q)
     off = INT_OFFSET[qtype]
     acc = np.zeros((x.shape[0], w.shape[0]), np.float32)
     for b in range(u.shape[1]):
         scale = d[None, :, b] * dx[:, b, None]
         if qtype == "Q4_1":
-            acc = acc + (scale * S[:, :, b].astype(np.float32) + m[None, :, b] * (dx[:, b, None] * sx[:, b, None].astype(np.float32)))
+            acc = acc + (scale * S[:, :, b].astype(np.float32) + m[None, :, b] * mx[:, b, None])
         else:
             acc = acc + scale * (S[:, :, b] - off * sx[:, b, None]).astype(np.float32)
     return acc
 
 
-def int_error_bound(dense: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """How far the integer product may be from ``dense . x`` through the activations' rounding
-    alone: ``sum_j |w[row, j]| * dx[b(j)] / 2``, ``(B, rows)``."""
-    _, dx, _ = quantize_q8(x)
-    half_step = np.repeat(dx, 32, axis=1).astype(np.float64) / 2  # (B, n)
-    return half_step @ np.abs(dense.astype(np.float64)).T
+def int_error_bound(dense: np.ndarray, x: np.ndarray, mins: np.ndarray | None = None) -> np.ndarray:
+    """How far the integer product may be from ``dense . x`` through the 8-bit activations'
+    rounding alone, ``(B, rows)``: half a step per element, ``|w| * d / 2``; the scale stored as a
+    half, ``|w| * |q| * |half(d) - d|``; and, given a Q4_1 matrix's ``mins (rows, blocks)``, its
+    min term stored as a half, ``|m| * |half(d * sx) - d * sx|`` per block."""
+    q, d, sx = quantize_q8_exact(x)
+    dh = d.astype(np.float16).astype(np.float64)
+    d64 = d.astype(np.float64)
+    absw = np.abs(dense.astype(np.float64))
+    per_elem = np.repeat(d64, 32, axis=1) / 2 + np.abs(q.astype(np.float64)) * np.repeat(np.abs(dh - d64), 32, axis=1)
+    bound = per_elem @ absw.T
+    if mins is not None:
+        ms = (d * sx.astype(np.float32)).astype(np.float64)
+        ms_err = np.abs(ms.astype(np.float16).astype(np.float64) - ms)  # (B, blocks)
+        bound = bound + ms_err @ np.abs(mins.astype(np.float64)).T
+    return bound
 
 
 def pack(qtype: str, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -111,8 +111,9 @@ def write_tiny_llama(path, types=None, tied=False, arch="llama", seed=0, vocab_t
     return dense
 
 
-def reference_forward(dense, tokens, tied=False):
-    """Logits of the last token, in float64, straight from the llama definition."""
+def reference_forward(dense, tokens, tied=False, half_kv=True):
+    """Logits of the last token, in float64, straight from the llama definition; with ``half_kv``
+    the keys and values are rounded to halves first, as the model's KV cache holds them."""
     c = TINY
     d, nh, nkv = c["d_model"], c["n_heads"], c["n_kv_heads"]
     hd = d // nh
@@ -139,6 +140,8 @@ def reference_forward(dense, tokens, tied=False):
         q = rope(h @ dense[p + "attn_q.weight"].T, nh).reshape(n, nh, hd)
         k = rope(h @ dense[p + "attn_k.weight"].T, nkv).reshape(n, nkv, hd)
         v = (h @ dense[p + "attn_v.weight"].T).reshape(n, nkv, hd)
+        if half_kv:
+            k, v = (a.astype(np.float32).astype(np.float16).astype(np.float64) for a in (k, v))
         out = np.zeros((n, nh, hd))
         for head in range(nh):
             g = head // (nh // nkv)

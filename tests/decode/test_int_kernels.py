@@ -106,11 +106,14 @@ def test_pack_declines_what_it_cannot_run():
 def test_quantize_matches_reference_bit_for_bit(cols, batch):
     x = activations((batch, cols), _seed("q8", batch, cols))
     act = qint.Activations(cols, batch)
-    qint.quantize_q8(x, act.q, act.d, act.s)
-    q, d, s = ref.quantize_q8(x)
+    qint.quantize_q8(x, act.q, act.d, act.s, act.m)
+    q, d, s, m = ref.quantize_q8(x)
     np.testing.assert_array_equal(act.q.reshape(batch, cols), q)
     np.testing.assert_array_equal(act.d.reshape(batch, -1), d)
     np.testing.assert_array_equal(act.s.reshape(batch, -1), s)
+    np.testing.assert_array_equal(act.m.reshape(batch, -1), m)
+    exact = ref.quantize_q8_exact(x)[1]
+    assert (d != exact).any() and np.allclose(d, exact, rtol=2.0 ** -11, atol=0)  # the halves are rounded
     assert np.abs(q).max() == 127
     assert (d >= 0).all() and (d == 0).any() == (cols >= 64)
 
@@ -119,9 +122,9 @@ def test_quantize_rounds_ties_to_even():
     x = np.zeros((1, 32), np.float32)
     x[0, :4] = [127.0, 0.5, 1.5, -2.5]  # d = 1 exactly
     act = qint.Activations(32)
-    qint.quantize_q8(x, act.q, act.d, act.s)
+    qint.quantize_q8(x, act.q, act.d, act.s, act.m)
     assert act.q[:4].tolist() == [127, 0, 2, -2]
-    assert act.d[0] == 1.0 and act.s[0] == 127
+    assert act.d[0] == 1.0 and act.s[0] == 127 and act.m[0] == 127.0
 
 
 # -- the reference against gguf -----------------------------------------------------------------
@@ -135,7 +138,8 @@ def test_reference_is_gguf_dequantize_within_activation_rounding(qtype, cols):
     dense = gguf.quants.dequantize(w, gguf.GGMLQuantizationType[qtype]).reshape(130, cols)
     exact = x.astype(np.float64) @ dense.astype(np.float64).T
     ours = ref.int_matvec(qtype, w, x)
-    bound = ref.int_error_bound(dense, x)
+    mins = ref.int_codes(qtype, w)[2] if qtype == "Q4_1" else None
+    bound = ref.int_error_bound(dense, x, mins)
     err = np.abs(ours - exact)
     float_slack = 1e-5 * np.abs(exact).max()
     assert (err <= bound + float_slack).all(), float((err - bound).max())
@@ -151,10 +155,10 @@ def test_reference_with_swapped_nibbles_is_caught():
     exact = x.astype(np.float64) @ dense.astype(np.float64).T
     u, d, m = ref.int_codes("Q4_1", w)
     swapped = np.concatenate([u[..., 16:], u[..., :16]], axis=-1)
-    q, dx, sx = ref.quantize_q8(x)
+    q, dx, _, mx = ref.quantize_q8(x)
     S = ref.int_block_sums(swapped, q)
-    wrong = ((d[None] * dx[:, None]) * S + m[None] * (dx * sx)[:, None]).sum(axis=-1)
-    assert (np.abs(wrong - exact) > ref.int_error_bound(dense, x)).mean() > 0.5
+    wrong = ((d[None] * dx[:, None]) * S + m[None] * mx[:, None]).sum(axis=-1)
+    assert (np.abs(wrong - exact) > ref.int_error_bound(dense, x, m)).mean() > 0.5
 
 
 # -- the integer sums -----------------------------------------------------------------------------
@@ -168,11 +172,11 @@ def test_block_sums_are_exact(kind, qtype, cols):
     p = packed(qtype, rows, cols)
     x = activations((batch, cols), _seed("S", cols))
     act = qint.Activations(cols, batch)
-    qint.quantize_q8(x, act.q, act.d, act.s)
+    qint.quantize_q8(x, act.q, act.d, act.s, act.m)
     out = np.zeros((batch, p.qs.shape[0] * qint.LANES, cols // 32), np.int32)
     qint.select(kind).block_isums(int(QType[qtype]), p.qs, act.q, cols, out)
     u, _, _ = ref.int_codes(qtype, matrix(qtype, rows, cols))
-    q, _, _ = ref.quantize_q8(x)
+    q = ref.quantize_q8(x)[0]
     np.testing.assert_array_equal(out[:, :rows], ref.int_block_sums(u, q))
     assert (out[:, rows:] == 0).all()  # the padding lanes hold zero codes
 
@@ -272,3 +276,16 @@ def test_shape_mismatches_are_errors(kind):
         k(p, x[:, :64].copy(), qint.Activations(96, 2), np.zeros((2, 130), np.float32))
     with pytest.raises(ValueError, match="too small"):
         k(p, x, qint.Activations(96, 1), np.zeros((2, 130), np.float32))
+
+
+def test_half_round_is_ieee_half_rounding():
+    """``qint.half_round`` equals numpy's float32 -> float16 -> float32 (nearest, ties to even) on
+    normal and subnormal values and on exact midpoints between halves."""
+    rng = np.random.default_rng(11)
+    mags = 10.0 ** rng.uniform(-9, 4.5, 4000)
+    v = (rng.choice([-1.0, 1.0], 4000) * mags).astype(np.float32)
+    h = rng.integers(1, 0x7BFF, 2000).astype(np.uint16).view(np.float16)
+    mid = ((h.astype(np.float64) + np.nextafter(h, np.float16(np.inf)).astype(np.float64)) / 2).astype(np.float32)
+    assert (mid.astype(np.float64) == (h.astype(np.float64) + np.nextafter(h, np.float16(np.inf)).astype(np.float64)) / 2).all()
+    for x in np.concatenate([v, mid, -mid, np.float32([0.0, 6.1e-5, 6.103515625e-05, 5.96e-8])]):
+        assert qint.half_round(np.float32(x)) == np.float32(np.float16(x)), x

@@ -2,8 +2,8 @@
 invariants on the real model (one-pass prefill = token by token, prefix cache = recompute).
 
 Three kernel choices: ``float`` (``int_kernels=False``: matrix-matrix prefill, matrix-vector
-decode), ``int`` (the default: float prefill, integer decode steps with 8-bit activations) and
-``int_prefill`` (the prompt on the decode step's integer kernels too).  The invariants that set a
+decode), ``int`` (``int_prefill=False``: float prefill, integer decode steps with 8-bit
+activations) and ``int_prefill`` (the default: the prompt on the decode step's integer kernels too).  The invariants that set a
 one-token step beside a prefill hold to float rounding on ``float``, exactly on ``int_prefill``
 (a prompt token gets the very numbers a decode step gives it), and on ``int`` to the
 activations' rounding (``INT_BOUNDS``, measured at about half of each bound).
@@ -22,6 +22,10 @@ KERNELS = ["float", "int", "int_prefill"]
 #: Decode (integer kernels) against prefill (float) on the real model: the same argmax, every
 #: logit within MAX and their RMS within RMS (measured: 0.50 and 0.13 over 18 tokens).
 INT_BOUNDS = {"max": 1.0, "rms": 0.3}
+#: Float prefill (matrix-matrix) against float decode steps (matrix-vector): the sums' order
+#: differs, and a key or value on the edge between two halves of the cache may round either way
+#: (measured: 2.2e-3 to 3.4e-3 of logits up to ~20 over three prompts).
+FLOAT_ATOL = 1e-2
 #: The tiny random model's decode steps (integer wo and tied head) against the float64 reference,
 #: relative to the largest logit (measured: 1.1%).
 TINY_INT_RTOL = 2.5e-2
@@ -36,9 +40,9 @@ def assert_near_int(a: np.ndarray, b: np.ndarray) -> None:
 
 @pytest.fixture(scope="module")
 def models(model):
-    """The default model (``int``) and the same file on the other two kernel choices."""
-    return {"int": model, "float": Model(model.file.path, int_kernels=False),
-            "int_prefill": Model(model.file.path, int_prefill=True)}
+    """The default model (``int_prefill``) and the same file on the other two kernel choices."""
+    return {"int": Model(model.file.path, int_prefill=False), "float": Model(model.file.path, int_kernels=False),
+            "int_prefill": model}
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +110,7 @@ def test_one_pass_prefill_equals_token_by_token(models, tokenizer, kernels):
     for pos, tok in enumerate(ids):
         b = m.forward(s, [tok], pos)
     if kernels == "float":
-        np.testing.assert_allclose(a, b, atol=2e-3, rtol=0)
+        np.testing.assert_allclose(a, b, atol=FLOAT_ATOL, rtol=0)
         assert int(np.argmax(a)) == int(np.argmax(b))
     elif kernels == "int":
         assert_near_int(b, a)
@@ -121,7 +125,7 @@ def test_prefill_in_chunks_equals_one_chunk(model, tokenizer):
     s = model.new_state()
     model.forward(s, ids[:100], 0)
     b = model.forward(s, ids[100:], 100)
-    np.testing.assert_allclose(a, b, atol=2e-3, rtol=0)
+    np.testing.assert_array_equal(a, b)  # the default prefill: each token's numbers are a decode step's
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
@@ -146,7 +150,7 @@ def test_prefix_cache_gives_same_logits_as_recompute(models, kernels):
     cached_logits = model.forward(gen.state, ids2[-1:], len(ids2) - 1).copy()  # a decode step
     full = model.forward(model.new_state(), ids2, 0)  # a prefill
     if kernels == "float":
-        np.testing.assert_allclose(cached_logits, full, atol=2e-3, rtol=0)
+        np.testing.assert_allclose(cached_logits, full, atol=FLOAT_ATOL, rtol=0)
     elif kernels == "int":
         assert_near_int(cached_logits, full)
     else:

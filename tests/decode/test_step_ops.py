@@ -14,6 +14,11 @@ N_HEADS, N_KV, HEAD_DIM, LAYERS, CTX = 9, 3, 64, 2, 64
 QD, KV = N_HEADS * HEAD_DIM, N_KV * HEAD_DIM
 
 
+def half(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to halves (nearest, ties to even), as float32."""
+    return a.astype(np.float16).astype(np.float32)
+
+
 def attention_ref(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, n: int) -> np.ndarray:
     out = np.zeros(QD)
     for h in range(N_HEADS):
@@ -48,8 +53,8 @@ def test_cache_attend_matches_reference(batch):
     att = run(qkv, kcs, vcs, positions)
     for r, pos in enumerate(positions):
         kc, vc = kcs[r][1], vcs[r][1]
-        np.testing.assert_array_equal(kc[pos], qkv[r, QD:QD + KV])
-        np.testing.assert_array_equal(vc[pos], qkv[r, QD + KV:])
+        np.testing.assert_array_equal(kc[pos], half(qkv[r, QD:QD + KV]))  # the cache holds halves
+        np.testing.assert_array_equal(vc[pos], half(qkv[r, QD + KV:]))
         k_was, v_was = before[r]
         others = np.arange(CTX) != pos
         np.testing.assert_array_equal(kc[others], k_was[1][others])  # nothing else written
@@ -66,7 +71,7 @@ def test_one_sequences_rows_share_its_cache_causally():
     positions = np.arange(10, 15, dtype=np.int64)
     att = run(qkv, kcs, vcs, positions)
     kc, vc = kcs[0][1], vcs[0][1]
-    np.testing.assert_array_equal(kc[10:15], qkv[:, QD:QD + KV])
+    np.testing.assert_array_equal(kc[10:15], half(qkv[:, QD:QD + KV]))
     for r, pos in enumerate(positions):
         np.testing.assert_allclose(att[r], attention_ref(qkv[r, :QD], kc, vc, pos + 1), rtol=1e-4, atol=1e-5)
     wrong = attention_ref(qkv[0, :QD], kc, vc, 15)  # the first token seeing the later ones
