@@ -13,8 +13,8 @@ subprocess, once with the numba cache warm and once with an empty cache.  The
 staged model (the decode core on its default simulated deployment, as every voice
 turn runs it) takes part in the same rounds: its wall-time overhead over the plain
 model is printed beside the simulated rate.  The same model on its float kernels only
-(``Model(int_kernels=False)``) and with prompts on the integer kernels (``int_prefill=True``)
-take part too: int / float is the median of per-round ratios.  Then the matrix-vector
+(``Model(int_kernels=False)``) and with prompts on the float kernels (``int_prefill=False``,
+integer decode steps) take part too: int / float is the median of per-round ratios.  Then the matrix-vector
 kernels alone, in GB/s of weights read (one decode step's products over all layers, and the
 head), the integer path beside the float one, the batched decode step (``forward_batch``,
 B sequences per pass), and the load-time repack.
@@ -117,11 +117,11 @@ class Ours:
         return cls(threads, Model(int_kernels=False))
 
     @classmethod
-    def int_prefill(cls, threads: int) -> Ours:
-        """The default model with prompts on the integer kernels too (``Model(int_prefill=True)``)."""
+    def float_prefill(cls, threads: int) -> Ours:
+        """The default model with prompts on the float kernels (``Model(int_prefill=False)``)."""
         from decode import Model
 
-        return cls(threads, Model(int_prefill=True))
+        return cls(threads, Model(int_prefill=False))
 
     @classmethod
     def staged(cls, plain: Ours, threads: int, deployment: str | None = None) -> Ours:
@@ -222,21 +222,30 @@ def kernel_rates(model, float_model, reps: int = 15) -> dict:
     return {k: nbytes / statistics.median(times[k]) / 1e9 for k, (_, nbytes) in cases.items()}
 
 
-def batched_decode(model, tokenizer, sizes=(1, 2, 4, 8), steps: int = 16) -> dict:
-    """Tokens/s of ``forward_batch`` stepping B sequences together (each its own state and position)."""
+def batched_decode(model, tokenizer, sizes=(1, 2, 4, 8), steps: int = 16, rounds: int = 5) -> tuple[dict, dict]:
+    """Tokens/s of ``forward_batch`` stepping B sequences together (each its own state and
+    position): ``rounds`` rounds of ``steps`` steps per size, the sizes' order alternating.
+    Returns the median rate per size and the median per-round ratio to B=1."""
     ids = tokenizer.encode(DECODE_PROMPT)
-    out = {}
+    runs = {}
     for B in sizes:
         states = [model.new_state() for _ in range(B)]
         for s in states:
             model.forward(s, ids, 0)
-        pos = len(ids)
-        model.forward_batch(states, [198] * B, [pos] * B)
-        t0 = time.perf_counter()
-        for i in range(1, steps + 1):
-            model.forward_batch(states, [198] * B, [pos + i] * B)
-        out[B] = B * steps / (time.perf_counter() - t0)
-    return out
+        model.forward_batch(states, [198] * B, [len(ids)] * B)
+        runs[B] = (states, len(ids) + 1)
+    rates = {B: [] for B in sizes}
+    for r in range(rounds):
+        for B in sizes if r % 2 == 0 else sizes[::-1]:
+            states, pos = runs[B]
+            t0 = time.perf_counter()
+            for i in range(steps):
+                model.forward_batch(states, [198] * B, [pos + i] * B)
+            rates[B].append(B * steps / (time.perf_counter() - t0))
+            runs[B] = (states, pos + steps)
+    med = {B: statistics.median(v) for B, v in rates.items()}
+    ratio = {B: statistics.median([b / one for b, one in zip(v, rates[1])]) for B, v in rates.items()}
+    return med, ratio
 
 
 def repack_seconds(model, reps: int = 5) -> float:
@@ -287,7 +296,7 @@ def main() -> None:
     print(f"decode kernels: {kern.name if kern else 'float'}"
           + (f", weights repacked at load in {packed.seconds * 1000:.0f} ms" if packed else ""), flush=True)
     floats = None if args.no_float else Ours.float_kernels(args.threads)
-    intpre = None if args.no_float else Ours.int_prefill(args.threads)
+    fpre = None if args.no_float else Ours.float_prefill(args.threads)
     staged = None if args.no_staged else Ours.staged(ours, args.threads, args.deployment)
     peer = None
     if not args.no_peer:
@@ -297,8 +306,8 @@ def main() -> None:
 
     res = {"ours": {"decode": [], "prefill": []}, "llama.cpp": {"decode": [], "prefill": []},
            "staged": {"decode": [], "prefill": []}, "float": {"decode": [], "prefill": []},
-           "int_prefill": {"decode": [], "prefill": []}}
-    engines = ([("ours", ours)] + ([("float", floats), ("int_prefill", intpre)] if floats else [])
+           "float_prefill": {"decode": [], "prefill": []}}
+    engines = ([("ours", ours)] + ([("float", floats), ("float_prefill", fpre)] if floats else [])
                + ([("staged", staged)] if staged else []) + ([("llama.cpp", peer)] if peer else []))
     n_prefill = 0
     for r in range(args.rounds):
@@ -344,12 +353,13 @@ def main() -> None:
     if floats:
         vs = {k: statistics.median([o / f for o, f in zip(res["ours"][k], res["float"][k])]) for k in ("decode", "prefill")}
         print(f"int vs float kernels: decode {med['ours']['decode']:.1f} vs {med['float']['decode']:.1f} tok/s, "
-              f"ratio {vs['decode']:.2f}x (median of per-round ratios); prefill ratio {vs['prefill']:.2f}x (both float)")
-        ip = statistics.median([i / o for i, o in zip(res["int_prefill"]["prefill"], res["ours"]["prefill"])])
-        line = f"int_prefill: prefill {med['int_prefill']['prefill']:.1f} tok/s, {ip:.2f}x the float prefill"
+              f"ratio {vs['decode']:.2f}x (median of per-round ratios); prefill ratio {vs['prefill']:.2f}x")
+        ip = statistics.median([o / f for o, f in zip(res["ours"]["prefill"], res["float_prefill"]["prefill"])])
+        line = (f"float prefill (int_prefill=False): {med['float_prefill']['prefill']:.1f} tok/s; "
+                f"the default integer prefill is {ip:.2f}x it")
         if peer:
-            vs_peer = statistics.median([i / t for i, t in zip(res["int_prefill"]["prefill"], res["llama.cpp"]["prefill"])])
-            line += f", {vs_peer:.2f}x llama.cpp"
+            vs_peer = statistics.median([f / t for f, t in zip(res["float_prefill"]["prefill"], res["llama.cpp"]["prefill"])])
+            line += f"; float prefill {vs_peer:.2f}x llama.cpp"
         print(line)
         vs["int_prefill_over_float_prefill"] = ip
     if staged:
@@ -372,13 +382,14 @@ def main() -> None:
         rates = kernel_rates(ours.model, floats.model)
         print("kernels, GB/s of weights read (median, alternating): " + ", ".join(f"{k} {v:.1f}" for k, v in rates.items())
               + f"; read bandwidth {bw:.1f}")
-        batched = batched_decode(ours.model, ours.gen.tokenizer)
-        print("forward_batch: " + ", ".join(f"B={b} {v:.0f} tok/s" for b, v in batched.items())
-              + f" ({batched[max(batched)] / batched[1]:.2f}x at B={max(batched)})")
+        batched, batch_ratio = batched_decode(ours.model, ours.gen.tokenizer)
+        print("forward_batch (median of 5 alternating rounds): "
+              + ", ".join(f"B={b} {v:.0f} tok/s ({batch_ratio[b]:.2f}x)" for b, v in batched.items())
+              + " (ratio: median of per-round ratios to B=1)")
         rp = repack_seconds(ours.model)
         print(f"repack of {ours.model.packed.nbytes / 1e6:.0f} MB: {rp * 1000:.0f} ms warm (median of 5), "
               f"{ours.model.packed.seconds * 1000:.0f} ms at this process's load")
-        figures.update(kernel_gb_s=rates, forward_batch_tok_s=batched, repack_s=rp, repack_at_load_s=ours.model.packed.seconds)
+        figures.update(kernel_gb_s=rates, forward_batch_tok_s=batched, forward_batch_ratio=batch_ratio, repack_s=rp, repack_at_load_s=ours.model.packed.seconds)
     warm = fresh_process_first_token(cold=False)
     print(f"fresh process, warm numba cache: load {warm['load_ms']:.0f} ms, first token {warm['first_token_ms']:.0f} ms, "
           f"{warm['compiled']} compilations")
