@@ -129,7 +129,7 @@ class WhisperTranscriber:
         self,
         model_dir: str | Path | None = None,
         *,
-        cpu_threads: int = 2,
+        cpu_threads: int = 1,
         min_window_s: float = 8.0,
         pad_s: float = 3.0,
         step_s: float = 1.0,

