@@ -25,10 +25,10 @@ import numpy as np
 from . import qint
 from .errors import ContextLengthError, ModelFileError
 from .gguf_file import Config, GGUFFile, Tensor, open_gguf
-from .ops import add_into, attention, embed, rmsnorm, rope, rope_at, rope_tables, silu_mul
+from .ops import add_into, attention, embed, rmsnorm, rope, rope_tables, silu_mul
 from .qint import PackedMatrix
 from .quant import QType, matmat, matvec, matvec3
-from .step_ops import cache_attend, cache_tuples
+from .step_ops import LAYERS, cache_attend, cache_tuples
 
 #: Largest number of prompt tokens pushed through a layer in one pass.
 PREFILL_CHUNK = 256
@@ -138,6 +138,8 @@ class PackedWeights:
     layers: tuple[PackedLayer, ...]
     head: PackedMatrix | None  # (vocab, d_model); the tied embedding's blocks when tied
     seconds: float  # what the repack took at load
+    #: Per kind of ``KINDS``, ``(qs, d, m)`` with a leading layer axis, when all layers are alike.
+    stack: dict | None = None
 
     @property
     def nbytes(self) -> int:
@@ -145,17 +147,43 @@ class PackedWeights:
         return sum(m.nbytes for m in mats if m is not None)
 
 
+#: PackedLayer's matrices, in the order the layer kernels (``step_ops.LAYERS``) take them.
+KINDS = ("qkv", "wo", "gate_up", "down")
+
+
+def _layer_mats(lw: LayerWeights) -> tuple[tuple[Tensor, ...], ...]:
+    return (lw.wq, lw.wk, lw.wv), (lw.wo,), (lw.w_gate, lw.w_up), (lw.w_down,)
+
+
 def pack_weights(w: Weights) -> PackedWeights:
-    """Repack every Q4_0 / Q4_1 / Q8_0 decode matrix of ``w`` for ``qint``'s kernels."""
+    """Repack every Q4_0 / Q4_1 / Q8_0 decode matrix of ``w`` for ``qint``'s kernels.  When every
+    layer's four products are packed with the same types and shapes (as in any file quantized
+    to one type), the layers are packed into one stack per matrix kind (``PackedWeights.stack``),
+    each layer's ``PackedMatrix`` a view of it, so a whole range of layers runs in one call."""
     t0 = time.perf_counter()
 
-    def pk(*mats: Tensor) -> PackedMatrix | None:
-        return qint.pack([(m.qtype, m.data) for m in mats])
+    def pk(mats, into=None) -> PackedMatrix | None:
+        return qint.pack([(m.qtype, m.data) for m in mats], into)
 
-    layers = tuple(PackedLayer(qkv=pk(lw.wq, lw.wk, lw.wv), wo=pk(lw.wo), gate_up=pk(lw.w_gate, lw.w_up), down=pk(lw.w_down))
-                   for lw in w.layers)
-    head = pk(w.output)
-    return PackedWeights(layers=layers, head=head, seconds=time.perf_counter() - t0)
+    def signature(lw: LayerWeights):
+        return tuple(tuple((int(m.qtype), m.data.shape) for m in mats) for mats in _layer_mats(lw))
+
+    first = PackedLayer(*(pk(mats) for mats in _layer_mats(w.layers[0]))) if w.layers else None
+    stack = None
+    if first is not None and None not in (first.qkv, first.wo, first.gate_up, first.down) \
+            and len({signature(lw) for lw in w.layers}) == 1:
+        # layer 0 gave the shapes; every layer (0 again) is packed into its slot of the stacks
+        stack = {kind: tuple(np.zeros((len(w.layers),) + a.shape, a.dtype) for a in (f.qs, f.d, f.m))
+                 for kind, f in zip(KINDS, (first.qkv, first.wo, first.gate_up, first.down), strict=True)}
+        layers = [PackedLayer(*(pk(mats, tuple(a[i] for a in stack[kind])) for kind, mats in zip(KINDS, _layer_mats(lw), strict=True)))
+                  for i, lw in enumerate(w.layers)]
+        for arrays in stack.values():
+            for a in arrays:
+                a.setflags(write=False)
+    else:
+        layers = [PackedLayer(*(pk(mats) for mats in _layer_mats(lw))) for lw in w.layers]
+    head = pk((w.output,))
+    return PackedWeights(layers=tuple(layers), head=head, seconds=time.perf_counter() - t0, stack=stack)
 
 
 class StepBuffers:
@@ -225,6 +253,16 @@ class RunState:
         self.k_cache = np.zeros((cfg.n_layers, n_ctx, kv), np.float32)
         self.v_cache = np.zeros((cfg.n_layers, n_ctx, kv), np.float32)
         self.step = StepBuffers(cfg, PREFILL_GROUP, logits=self.logits[None])  # decode steps, integer prefill
+        self._caches = None
+
+    @property
+    def caches(self) -> tuple:
+        """``cache_attend``'s cache arguments for this sequence alone (made again when the cache
+        arrays were swapped, as ``wafer.pipeline``'s stages do with their scratch)."""
+        c = self._caches
+        if c is None or c[0][0] is not self.k_cache or c[1][0] is not self.v_cache:
+            c = self._caches = cache_tuples([self])
+        return c
 
 
 class Model:
@@ -251,6 +289,7 @@ class Model:
         self.kernels = qint.select("auto" if int_kernels is True else int_kernels) if int_kernels else None
         self.packed = pack_weights(self.weights) if self.kernels else None
         self.int_prefill = bool(int_prefill and self.kernels)
+        self._stack = self._stack_args()
         self._batch = threading.local()  # forward_batch's scratch, per calling thread
 
     def new_state(self) -> RunState:
@@ -264,6 +303,27 @@ class Model:
         emb = self.weights.token_embd
         embed(int(emb.qtype), emb.data, tokens, x)
 
+    def layers(self, s: RunState, lo: int, hi: int, x: np.ndarray, pos0: int) -> None:
+        """Blocks ``lo .. hi - 1`` on hidden states ``x (n, d_model)`` of positions ``pos0 ..``, in
+        place (``layer`` for each, in one numba call where the layers are stacked)."""
+        n = x.shape[0]
+        if self._stack is not None and (n == 1 or self.int_prefill):
+            # the integer kernels, PREFILL_GROUP tokens at a time: each group through all the blocks
+            # (the earlier groups' keys and values are in the cache at every block by then)
+            for g0 in range(0, n, PREFILL_GROUP):
+                b = self._group(s, pos0 + g0, min(PREFILL_GROUP, n - g0))
+                self.step_layers(lo, hi, s.caches, x[g0:g0 + b.rows], b)
+            return
+        for i in range(lo, hi):
+            self.layer(s, i, x, pos0)
+
+    @staticmethod
+    def _group(s: RunState, pos0: int, g: int) -> StepBuffers:
+        b = s.step.first(g)
+        for r in range(g):
+            b.pos[r] = pos0 + r
+        return b
+
     def layer(self, s: RunState, i: int, x: np.ndarray, pos0: int) -> None:
         """Run block ``i`` on hidden states ``x (n, d_model)`` of positions ``pos0 .. pos0+n-1``,
         in place, writing their keys and values into ``s``'s KV cache."""
@@ -272,8 +332,8 @@ class Model:
             # integer kernels: a decode step, or the prompt PREFILL_GROUP tokens at a time, with
             # the same numbers for each token as one step would give it
             for g0 in range(0, n, PREFILL_GROUP):
-                g = min(PREFILL_GROUP, n - g0)
-                self.step_layer(i, [s], range(pos0 + g0, pos0 + g0 + g), x[g0:g0 + g], s.step.first(g))
+                b = self._group(s, pos0 + g0, min(PREFILL_GROUP, n - g0))
+                self.step_layer(i, s.caches, x[g0:g0 + b.rows], b)
             return
         cfg, w = self.config, self.weights.layers[i]
         xb, q, k, v = s.xb[:n], s.q[:n], s.k[:n], s.v[:n]
@@ -304,14 +364,42 @@ class Model:
         p = self.packed.layers[i] if self.packed else None
         return p is not None and None not in (p.qkv, p.wo, p.gate_up, p.down)
 
-    def step_layer(self, i: int, states: list[RunState], positions, x: np.ndarray, b: StepBuffers) -> None:
-        """Block ``i`` on rows ``x (B, d_model)``, row ``r`` a token at ``positions[r]`` of ``states[r]``
-        (a decode step of B sequences), or of ``states[0]`` for every row (B tokens of one sequence,
-        at consecutive positions).  The matrix products run once for all rows (integer kernels
-        where packed, with the norms, SwiGLU and residual adds inside; else a float matrix-vector
-        product per row), then RoPE, the caches and attention (``cache_attend``).  Row ``r``'s
-        numbers do not depend on the other rows."""
-        cfg, w = self.config, self.weights.layers[i]
+    def _stack_args(self) -> tuple | None:
+        """The stacked layers' arguments of ``step_ops.LAYERS`` (see ``pack_weights``), or None."""
+        stack = self.packed.stack if self.packed else None
+        if stack is None:
+            return None
+        p0 = self.packed.layers[0]
+        args = tuple(a for kind in KINDS for a in (int(getattr(p0, kind).qtype), *stack[kind]))
+        norms = tuple(np.stack([getattr(lw, n) for lw in self.weights.layers]) for n in ("attn_norm", "ffn_norm"))
+        for a in norms:
+            a.setflags(write=False)
+        return args + norms
+
+    def step_layers(self, lo: int, hi: int, caches: tuple, x: np.ndarray, b: StepBuffers) -> None:
+        """``step_layer`` for blocks ``lo .. hi - 1``: one numba call (``step_ops.LAYERS``) when the
+        layers are stacked, so a decode step enters numba once for all its blocks."""
+        if self._stack is None:
+            for i in range(lo, hi):
+                self.step_layer(i, caches, x, b)
+            return
+        cfg, a = self.config, b.act
+        ks, vs, n_caches = caches
+        LAYERS[self.kernels.name](lo, hi, x, b.xb, b.qkv, b.att, b.gu, a.q, a.d, a.s, a.m, *self._stack, cfg.norm_eps,
+                                  ks, vs, n_caches, b.pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims,
+                                  self.cos, self.sin)
+
+    def step_layer(self, i: int, caches: tuple, x: np.ndarray, b: StepBuffers) -> None:
+        """Block ``i`` on rows ``x (B, d_model)``, row ``r`` a token at position ``b.pos[r]``, of
+        sequence ``r`` (a decode step of B sequences: ``caches = cache_tuples(states)``), or of one
+        sequence for every row (B tokens at consecutive positions: its ``RunState.caches``).  The
+        matrix products run once for all rows (integer kernels where packed, with the norms, SwiGLU
+        and residual adds inside; else a float matrix-vector product per row), then RoPE, the caches
+        and attention in one call (``cache_attend``).  Row ``r``'s numbers do not depend on the
+        other rows."""
+        cfg = self.config
+        ks, vs, n_caches = caches
+        w = self.weights.layers[i]
         p = self.packed.layers[i] if self.packed else None
         ker = self.kernels
         nrows = x.shape[0]
@@ -322,11 +410,8 @@ class Model:
             for r in range(nrows):
                 matvec3(int(w.wq.qtype), w.wq.data, int(w.wk.qtype), w.wk.data, int(w.wv.qtype), w.wv.data,
                         b.xb[r], b.q[r], b.k[r], b.v[r])
-        b.pos[:] = positions
-        rope_at(b.q, cfg.n_heads, cfg.head_dim, cfg.rope_dims, b.pos, self.cos, self.sin)  # one call for all rows
-        rope_at(b.k, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims, b.pos, self.cos, self.sin)
-        ks, vs, n_caches = cache_tuples(states)
-        cache_attend(b.qkv, ks, vs, n_caches, i, b.pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, b.att)
+        cache_attend(b.qkv, ks, vs, n_caches, i, b.pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims,
+                     self.cos, self.sin, b.att)
         if p and p.wo:
             ker(p.wo, b.att, b.act, x, add=True)
         else:
@@ -392,8 +477,7 @@ class Model:
             chunk = tokens[c0:c0 + s.chunk]
             x = s.x[:chunk.shape[0]]
             self.embed(chunk, x)
-            for i in range(self.config.n_layers):
-                self.layer(s, i, x, pos0 + c0)
+            self.layers(s, 0, self.config.n_layers, x, pos0 + c0)
         return self.head(s, x[-1:])
 
     def forward_batch(self, states: list[RunState], tokens, positions) -> list[np.ndarray]:
@@ -416,8 +500,8 @@ class Model:
         b = self._batch_buffers().first(len(states))
         x = b.x
         self.embed(tokens, x)
-        for i in range(self.config.n_layers):
-            self.step_layer(i, states, positions, x, b)
+        b.pos[:] = positions
+        self.step_layers(0, self.config.n_layers, cache_tuples(states), x, b)
         logits = self._head(x, b)
         for r, s in enumerate(states):
             s.logits[:] = logits[r]

@@ -48,41 +48,29 @@ def rope_tables(n_pos: int, rot_dims: int, base: float, freq_factors=None):
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
+@njit(inline="always", **_JIT)
+def rope_row(row, off, n_heads, head_dim, rot_dims, p, cos, sin):
+    """Rotate adjacent pairs ``(2i, 2i+1)`` of heads ``0 .. n_heads - 1`` starting at ``row[off]``
+    by position ``p``, in place."""
+    half = rot_dims // 2
+    for h in range(n_heads):
+        base = off + h * head_dim
+        for i in range(half):
+            a = row[base + 2 * i]
+            b = row[base + 2 * i + 1]
+            c = cos[p, i]
+            s = sin[p, i]
+            row[base + 2 * i] = a * c - b * s
+            row[base + 2 * i + 1] = a * s + b * c
+
+
 @njit(**_JIT)
 def rope(x, n_heads, head_dim, rot_dims, pos0, cos, sin):
     """Rotate adjacent pairs ``(2i, 2i+1)`` of each head in place (GGML's normal RoPE mode,
-    which GGUF's llama arch relies on: its Q/K rows are permuted to match)."""
-    ntok = x.shape[0]
-    half = rot_dims // 2
-    for t in range(ntok):
-        p = pos0 + t
-        for h in range(n_heads):
-            base = h * head_dim
-            for i in range(half):
-                a = x[t, base + 2 * i]
-                b = x[t, base + 2 * i + 1]
-                c = cos[p, i]
-                s = sin[p, i]
-                x[t, base + 2 * i] = a * c - b * s
-                x[t, base + 2 * i + 1] = a * s + b * c
-
-
-@njit(**_JIT)
-def rope_at(x, n_heads, head_dim, rot_dims, positions, cos, sin):
-    """``rope`` with row ``t`` of ``x`` at ``positions[t]`` (rows of different sequences in one
-    call); the same arithmetic per element."""
-    half = rot_dims // 2
+    which GGUF's llama arch relies on: its Q/K rows are permuted to match); row ``t`` of ``x``
+    is position ``pos0 + t``."""
     for t in range(x.shape[0]):
-        p = positions[t]
-        for h in range(n_heads):
-            base = h * head_dim
-            for i in range(half):
-                a = x[t, base + 2 * i]
-                b = x[t, base + 2 * i + 1]
-                c = cos[p, i]
-                s = sin[p, i]
-                x[t, base + 2 * i] = a * c - b * s
-                x[t, base + 2 * i + 1] = a * s + b * c
+        rope_row(x[t], 0, n_heads, head_dim, rot_dims, pos0 + t, cos, sin)
 
 
 @njit(parallel=True, fastmath=_FAST, **_JIT)

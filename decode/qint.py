@@ -107,9 +107,11 @@ def _repack(src, bs, qoff, flip, row0, qs, d, m):
                         qs[t, b, g * 64 + lane * 4 + i] = src[r, o + qoff + 4 * g + i] ^ flip
 
 
-def pack(mats) -> PackedMatrix | None:
+def pack(mats, into: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> PackedMatrix | None:
     """``mats`` (``(qtype, data)`` pairs, ``data`` a GGUF ``uint8 (rows, row_bytes)`` view) stacked
-    by rows into one ``PackedMatrix``; ``None`` unless all share one integer type and width."""
+    by rows into one ``PackedMatrix``; ``None`` unless all share one integer type and width.
+    ``into``: zeroed ``(qs, d, m)`` arrays of the right shapes to fill (views of a stack of layers)
+    instead of new ones."""
     qtypes = {QType(q) for q, _ in mats}
     if len(qtypes) != 1 or (qtype := qtypes.pop()) not in INT_TYPES:
         return None
@@ -120,9 +122,13 @@ def pack(mats) -> PackedMatrix | None:
     nb = widths.pop() // bs
     rows = sum(data.shape[0] for _, data in mats)
     tiles = (rows + LANES - 1) // LANES
-    qs = np.zeros((tiles, nb, TILE_BLOCK_BYTES[qtype]), np.uint8)
-    d = np.zeros((tiles, nb, LANES), np.uint16)
-    m = np.zeros((tiles if has_min else 0, nb, LANES), np.uint16)
+    shapes = ((tiles, nb, TILE_BLOCK_BYTES[qtype]), (tiles, nb, LANES), (tiles if has_min else 0, nb, LANES))
+    if into is None:
+        qs, d, m = (np.zeros(sh, dt) for sh, dt in zip(shapes, (np.uint8, np.uint16, np.uint16), strict=True))
+    else:
+        qs, d, m = into
+        if tuple(a.shape for a in into) != shapes:
+            raise ValueError(f"pack: into has shapes {[a.shape for a in into]}, the matrix needs {shapes}")
     flip = np.uint8(128 if qtype == QType.Q8_0 else 0)
     row0 = 0
     for _, data in mats:

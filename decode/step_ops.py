@@ -1,9 +1,8 @@
 """The cache and attention part of ``Model.step_layer``: B rows in one call.
 
-The rows' q, k and v come out of one product as ``qkv (B, q_dim + 2 * kv_dim)`` (RoPE already
-applied): one token each of B sequences, each with its own KV cache and position, or B tokens of
-one sequence at consecutive positions.  ``cache_attend`` writes each row's k and v into its cache
-at its position, then runs causal grouped-query attention for every (row, head) pair in one
+The rows' q, k and v come out of one product as ``qkv (B, q_dim + 2 * kv_dim)``: one token each of B sequences, each with its own KV cache and position, or B tokens of
+one sequence at consecutive positions.  ``cache_attend`` applies RoPE to each row's q and k,
+writes its k and v into its cache at its position, then runs causal grouped-query attention for every (row, head) pair in one
 parallel loop, the softmax's exponentials on ``qint.exp_f32`` (vectorized, 1.3 ulp) instead of
 ``math.exp``.  A row's numbers do not depend on the other rows, so a sequence alone gets what it
 gets in a batch, and a prompt's token what it gets as a decode step.
@@ -17,7 +16,8 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd
-from .qint import LANES, MAX_BATCH, exp_f32, half_round
+from .ops import rope_row
+from .qint import LANES, MAX_BATCH, PREP_NONE, PREP_RMSNORM, PREP_SWIGLU, exp_f32, half_round, qmatvec_plain, qmatvec_vnni
 
 _JIT = dict(cache=True, nogil=True)
 #: Caches per ``cache_attend`` call (the most sequences a decode step batches).
@@ -74,8 +74,10 @@ def _head(q, qo, kc, vc, kvo, n, head_dim, scale, out):
 
 
 @njit(parallel=True, **_JIT)
-def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n_kv_heads, head_dim, att):
-    """Row ``r`` of ``qkv`` is a token at ``positions[r]``: its k and v go into
+def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n_kv_heads, head_dim, rot_dims, cos, sin,
+                 att):
+    """Row ``r`` of ``qkv`` is a token at ``positions[r]``: its q and k are rotated (RoPE by the
+    ``cos``/``sin`` tables, ``ops.rope``'s arithmetic) in place, its k and v (as halves) go into
     ``k_caches[c][layer, pos]`` / ``v_caches[c][layer, pos]`` and its attention over that cache
     into ``att[r]``; ``c = r`` when ``n_caches`` > 1 (one sequence per row), else 0 (the rows are one
     sequence's tokens: all are written before any attends, each attends up to its own position).
@@ -89,6 +91,8 @@ def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n
         c = r if n_caches > 1 else 0
         kc, vc = k_caches[c][layer], v_caches[c][layer]
         pos = positions[r]
+        rope_row(qkv[r], 0, n_heads, head_dim, rot_dims, pos, cos, sin)
+        rope_row(qkv[r], qd, n_kv_heads, head_dim, rot_dims, pos, cos, sin)
         for j in range(kv):
             kc[pos, j] = half_round(qkv[r, qd + j])
             vc[pos, j] = half_round(qkv[r, qd + kv + j])
@@ -101,6 +105,46 @@ def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n
         qo = h * head_dim
         _head(qkv[r], qo, k_caches[c][layer], v_caches[c][layer], (h // group) * head_dim,
               positions[r] + 1, head_dim, scale, att[r])
+
+
+# -- packed layers in one call ---------------------------------------------------------------------
+# Model.layers' fast path: blocks lo .. hi - 1, each its five calls (q|k|v, cache_attend, wo,
+# gate|up, down) from inside numba, so a decode step enters numba once for all its layers.  The
+# weights are the stacks of ``PackedWeights.stack`` (a leading layer axis).  One copy per
+# implementation of the integer sums: only the one the CPU can run is ever compiled.  The products
+# without a norm get a norm and ``xb`` all the same (unused there): numba's own constant arrays
+# would be read-only.
+
+
+@njit(**_JIT)
+def layers_vnni(lo, hi, x, xb, qkv, att, gu, aq, ad, as_, am, t0, qs0, d0, m0, t1, qs1, d1, m1, t2, qs2, d2, m2,
+                t3, qs3, d3, m3, attn_norms, ffn_norms, eps, k_caches, v_caches, n_caches, positions, n_heads, n_kv_heads,
+                head_dim, rot_dims, cos, sin):
+    """Blocks ``lo .. hi - 1`` on rows ``x`` with ``qint.qmatvec_vnni``: the stacks ``(qtype, qs, d, m)``
+    of q|k|v, wo, gate|up and down in that order, the norms ``(layers, d_model)``; ``xb, qkv, att,
+    gu`` the step's scratch and ``aq, ad, as_, am`` its quantized activations."""
+    for i in range(lo, hi):
+        qmatvec_vnni(t0, qs0[i], d0[i], m0[i], x, PREP_RMSNORM, attn_norms[i], eps, xb, aq, ad, as_, am, qkv, False)
+        cache_attend(qkv, k_caches, v_caches, n_caches, i, positions, n_heads, n_kv_heads, head_dim, rot_dims, cos, sin, att)
+        qmatvec_vnni(t1, qs1[i], d1[i], m1[i], att, PREP_NONE, attn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
+        qmatvec_vnni(t2, qs2[i], d2[i], m2[i], x, PREP_RMSNORM, ffn_norms[i], eps, xb, aq, ad, as_, am, gu, False)
+        qmatvec_vnni(t3, qs3[i], d3[i], m3[i], gu, PREP_SWIGLU, ffn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
+
+
+@njit(**_JIT)
+def layers_plain(lo, hi, x, xb, qkv, att, gu, aq, ad, as_, am, t0, qs0, d0, m0, t1, qs1, d1, m1, t2, qs2, d2, m2,
+                 t3, qs3, d3, m3, attn_norms, ffn_norms, eps, k_caches, v_caches, n_caches, positions, n_heads, n_kv_heads,
+                 head_dim, rot_dims, cos, sin):
+    """``layers_vnni`` with ``qint.qmatvec_plain``."""
+    for i in range(lo, hi):
+        qmatvec_plain(t0, qs0[i], d0[i], m0[i], x, PREP_RMSNORM, attn_norms[i], eps, xb, aq, ad, as_, am, qkv, False)
+        cache_attend(qkv, k_caches, v_caches, n_caches, i, positions, n_heads, n_kv_heads, head_dim, rot_dims, cos, sin, att)
+        qmatvec_plain(t1, qs1[i], d1[i], m1[i], att, PREP_NONE, attn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
+        qmatvec_plain(t2, qs2[i], d2[i], m2[i], x, PREP_RMSNORM, ffn_norms[i], eps, xb, aq, ad, as_, am, gu, False)
+        qmatvec_plain(t3, qs3[i], d3[i], m3[i], gu, PREP_SWIGLU, ffn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
+
+
+LAYERS = {"vnni": layers_vnni, "plain": layers_plain}
 
 
 def cache_tuples(states) -> tuple[tuple, tuple, int]:

@@ -97,8 +97,7 @@ class _Stage:
         else:
             x = x_in.result().copy()  # the message that crossed the hop
         s.k_cache, s.v_cache = item.seq.k_cache, item.seq.v_cache
-        for i in range(self.first, self.stop):
-            m.layer(s, i, x, item.pos0)
+        m.layers(s, self.first, self.stop, x, item.pos0)
         if not self.has_head:
             return x
         if not item.last_chunk:

@@ -100,6 +100,9 @@ class StagedModel:
     def layer(self, s: RunState, i: int, x: np.ndarray, pos0: int) -> None:
         self.inner.layer(s, i, x, pos0)
 
+    def layers(self, s: RunState, lo: int, hi: int, x: np.ndarray, pos0: int) -> None:
+        self.inner.layers(s, lo, hi, x, pos0)
+
     def head(self, s: RunState, x_last: np.ndarray) -> np.ndarray:
         return self.inner.head(s, x_last)
 
@@ -119,8 +122,8 @@ class StagedModel:
         def on_start(k: int, p: _Pass) -> None:
             if k == 0:
                 m.embed(p.ids, p.x)
-            for i in self.ranges[k]:
-                m.layer(s, i, p.x, p.pos0)
+            r = self.ranges[k]
+            m.layers(s, r.start, r.stop, p.x, p.pos0)
             if k == self._n - 1 and p.last:
                 out.append(m.head(s, p.x[-1:]))
 

@@ -96,12 +96,10 @@ def test_agreement_bounds_catch_real_bugs(oracle, model, bug, monkeypatch):
                     x[t, b:b + half] = a * cos[pos0 + t] - c * sin[pos0 + t]
                     x[t, b + half:b + rot_dims] = a * sin[pos0 + t] + c * cos[pos0 + t]
 
-        def neox_rope_at(x, n_heads, head_dim, rot_dims, positions, cos, sin):
-            for t in range(x.shape[0]):
-                neox_rope(x[t:t + 1], n_heads, head_dim, rot_dims, int(positions[t]), cos, sin)
-
-        monkeypatch.setattr(dm, "rope", neox_rope)  # the float prefill's
-        monkeypatch.setattr(dm, "rope_at", neox_rope_at)  # the integer steps' (the default prefill)
+        monkeypatch.setattr(dm, "rope", neox_rope)
+        # the float prefill's RoPE is where the bug goes (the integer steps rotate inside
+        # cache_attend, whose rotation tests/decode/test_step_ops.py checks against ops.rope)
+        model = dm.Model(model.file.path, int_prefill=False)
         logits, _ = _first_logits(model, rec["prompt_ids"])
     else:
         # the embedding read with swapped nibble halves stands for a wrong nibble order

@@ -1,13 +1,15 @@
-"""``decode/step_ops.cache_attend`` against a float64 NumPy reference: each row's k and v written
-at its position of its cache (and nowhere else), causal grouped-query attention up to that position;
-one sequence's rows at consecutive positions share a cache; a batch of rows gives each row what it
-gets alone."""
+"""``decode/step_ops.cache_attend`` against a float64 NumPy reference: each row's q and k rotated
+(RoPE) at its position, its k and v written there in its cache (and nowhere else), causal
+grouped-query attention up to that position; one sequence's rows at consecutive positions share a
+cache; a batch of rows gives each row what it gets alone.  Most cases use identity rotation tables
+(cos 1, sin 0), so the attention is checked on the rows as given; one case checks the rotation."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from decode.ops import rope, rope_tables
 from decode.step_ops import CACHE_SLOTS, cache_attend
 
 N_HEADS, N_KV, HEAD_DIM, LAYERS, CTX = 9, 3, 64, 2, 64
@@ -38,11 +40,16 @@ def case(batch: int, seed: int):
     return qkv, kcs, vcs, positions
 
 
-def run(qkv, kcs, vcs, positions, layer=1):
+IDENTITY = (np.ones((CTX, HEAD_DIM // 2), np.float32), np.zeros((CTX, HEAD_DIM // 2), np.float32))
+
+
+def run(qkv, kcs, vcs, positions, layer=1, tables=IDENTITY):
     """``cache_attend`` with one cache per row, or one shared by all rows (a 1-tuple)."""
     att = np.full((qkv.shape[0], QD), np.nan, np.float32)
     pad = CACHE_SLOTS - len(kcs)
-    cache_attend(qkv, kcs + kcs[:1] * pad, vcs + vcs[:1] * pad, len(kcs), layer, positions, N_HEADS, N_KV, HEAD_DIM, att)
+    cos, sin = tables
+    cache_attend(qkv, kcs + kcs[:1] * pad, vcs + vcs[:1] * pad, len(kcs), layer, positions, N_HEADS, N_KV, HEAD_DIM,
+                 HEAD_DIM, cos, sin, att)
     return att
 
 
@@ -85,3 +92,21 @@ def test_rows_do_not_depend_on_the_batch():
     for r, (q1, k1, v1) in enumerate(copies):
         np.testing.assert_array_equal(att[r], run(q1, k1, v1, positions[r:r + 1])[0])
         np.testing.assert_array_equal(kcs[r], k1[0])
+
+
+def test_rows_are_rotated_at_their_own_positions():
+    """With real tables each row's q and k are rotated as ``ops.rope`` rotates them at that row's
+    position (in place), and the cache and attention use the rotated values."""
+    qkv, kcs, vcs, positions = case(3, 21)
+    tables = rope_tables(CTX, HEAD_DIM, 10000.0)
+    want = qkv.copy()
+    for r, pos in enumerate(positions):
+        rope(want[r:r + 1, :QD], N_HEADS, HEAD_DIM, HEAD_DIM, int(pos), *tables)
+        rope(want[r:r + 1, QD:QD + KV], N_KV, HEAD_DIM, HEAD_DIM, int(pos), *tables)
+    assert np.abs(want - qkv).max() > 0.1  # the rotation is not the identity here
+    att = run(qkv, kcs, vcs, positions, tables=tables)
+    np.testing.assert_array_equal(qkv, want)
+    for r, pos in enumerate(positions):
+        kc, vc = kcs[r][1], vcs[r][1]
+        np.testing.assert_array_equal(kc[pos], half(want[r, QD:QD + KV]))
+        np.testing.assert_allclose(att[r], attention_ref(want[r, :QD], kc, vc, pos + 1), rtol=1e-4, atol=1e-5)
