@@ -17,7 +17,7 @@ model is printed beside the simulated rate.  The same model on its float kernels
 integer decode steps) take part too: int / float is the median of per-round ratios.  Then the matrix-vector
 kernels alone, in GB/s of weights read (one decode step's products over all layers, and the
 head), the integer path beside the float one, the batched decode step (``forward_batch``,
-B sequences per pass), and the load-time repack.
+B sequences per pass), the Python share of a decode step, and the load-time repack.
 """
 
 from __future__ import annotations
@@ -248,6 +248,57 @@ def batched_decode(model, tokenizer, sizes=(1, 2, 4, 8), steps: int = 16, rounds
     return med, ratio
 
 
+def python_share(model, tokenizer, steps: int = 64, rounds: int = 5) -> dict:
+    """What a decode step spends outside the numba kernels: the step with every numba entry point
+    of ``decode.model`` replaced by a Python no-op (what is left is the Python around them), the
+    entries per step, and the cost of entering the layer stack (``step_ops.LAYERS`` on an empty
+    range of layers: the full argument dispatch, no work)."""
+    import decode.model as dm
+
+    s = model.new_state()
+    ids = tokenizer.encode(DECODE_PROMPT)
+    model.forward(s, ids, 0)
+    pos = [len(ids)]
+    calls = [0]
+
+    def nop(*a, **k):
+        calls[0] += 1
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            model.forward(s, [198], pos[0])
+            pos[0] += 1
+        return (time.perf_counter() - t0) / steps
+
+    real = {"LAYERS": dm.LAYERS, "embed": dm.embed, "rmsnorm": dm.rmsnorm}
+    matvec = model.kernels.matvec
+    full, stub = [], []
+    for _ in range(rounds):
+        full.append(run())
+        dm.LAYERS, dm.embed, dm.rmsnorm = {"vnni": nop, "plain": nop}, nop, nop
+        object.__setattr__(model.kernels, "matvec", nop)
+        calls[0] = 0
+        try:
+            stub.append(run())
+        finally:
+            dm.LAYERS, dm.embed, dm.rmsnorm = real["LAYERS"], real["embed"], real["rmsnorm"]
+            object.__setattr__(model.kernels, "matvec", matvec)
+    b, cfg = s.step.first(1), model.config
+    layers = real["LAYERS"][model.kernels.name]
+    args = (0, 0, b.x, b.xb, b.qkv, b.att, b.gu, b.act.q, b.act.d, b.act.s, b.act.m, *model._stack, cfg.norm_eps,
+            *s.caches, b.pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims, model.cos, model.sin)
+    layers(*args)
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        layers(*args)
+    entry = (time.perf_counter() - t0) / 2000
+    step, py = statistics.median(full), statistics.median(stub)
+    per_step = calls[0] / steps  # counted in the last stubbed round
+    return {"step_ms": step * 1e3, "python_us": py * 1e6, "numba_calls_per_step": per_step,
+            "layers_entry_us": entry * 1e6, "share": (py + per_step * entry) / step}
+
+
 def repack_seconds(model, reps: int = 5) -> float:
     from decode.model import pack_weights
 
@@ -386,6 +437,11 @@ def main() -> None:
         print("forward_batch (median of 5 alternating rounds): "
               + ", ".join(f"B={b} {v:.0f} tok/s ({batch_ratio[b]:.2f}x)" for b, v in batched.items())
               + " (ratio: median of per-round ratios to B=1)")
+        ps = python_share(ours.model, ours.gen.tokenizer)
+        print(f"Python per decode step: {ps['python_us']:.0f} us around {ps['numba_calls_per_step']:.0f} numba calls "
+              f"(entering the layer stack {ps['layers_entry_us']:.1f} us); with the entries {ps['share']:.1%} of a "
+              f"{ps['step_ms']:.2f} ms step (median of 5)")
+        figures["python_share"] = ps
         rp = repack_seconds(ours.model)
         print(f"repack of {ours.model.packed.nbytes / 1e6:.0f} MB: {rp * 1000:.0f} ms warm (median of 5), "
               f"{ours.model.packed.seconds * 1000:.0f} ms at this process's load")
