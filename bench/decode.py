@@ -222,7 +222,7 @@ def kernel_rates(model, float_model, reps: int = 15) -> dict:
     return {k: nbytes / statistics.median(times[k]) / 1e9 for k, (_, nbytes) in cases.items()}
 
 
-def batched_decode(model, tokenizer, sizes=(1, 2, 4, 8), steps: int = 16, rounds: int = 5) -> tuple[dict, dict]:
+def batched_decode(model, tokenizer, sizes=(1, 2, 4, 8), steps: int = 32, rounds: int = 7) -> tuple[dict, dict]:
     """Tokens/s of ``forward_batch`` stepping B sequences together (each its own state and
     position): ``rounds`` rounds of ``steps`` steps per size, the sizes' order alternating.
     Returns the median rate per size and the median per-round ratio to B=1."""
@@ -434,7 +434,7 @@ def main() -> None:
         print("kernels, GB/s of weights read (median, alternating): " + ", ".join(f"{k} {v:.1f}" for k, v in rates.items())
               + f"; read bandwidth {bw:.1f}")
         batched, batch_ratio = batched_decode(ours.model, ours.gen.tokenizer)
-        print("forward_batch (median of 5 alternating rounds): "
+        print("forward_batch (median of 7 alternating rounds of 32 steps): "
               + ", ".join(f"B={b} {v:.0f} tok/s ({batch_ratio[b]:.2f}x)" for b, v in batched.items())
               + " (ratio: median of per-round ratios to B=1)")
         ps = python_share(ours.model, ours.gen.tokenizer)

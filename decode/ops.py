@@ -23,7 +23,6 @@ def rmsnorm(x, weight, eps, out):
     squares runs 16 lanes wide in the source's order, so it is the same in every build (the
     integer kernels normalize their input with it)."""
     ntok, d = x.shape
-    lanes = np.empty(16, np.float32)
     d16 = d - d % 16
     for t in range(ntok):
         row = x[t]
@@ -31,7 +30,7 @@ def rmsnorm(x, weight, eps, out):
         for i in range(0, d16, 16):
             v = simd.fload(row, i)
             a = simd.fadd(a, simd.fmul(v, v))
-        ss = simd.fsum(a, lanes)
+        ss = simd.fhsum(a)
         for i in range(d16, d):
             ss += row[i] * row[i]
         scale = np.float32(1.0 / math.sqrt(ss / d + eps))

@@ -17,7 +17,7 @@ declares a numba type ``I32x16`` for LLVM's ``<16 x i32>`` and intrinsics on it:
 ``vtofloat(a)``                    int32 lanes as float32
 ``fhalves(h, i)``                  16 f16 bit patterns of uint16 array ``h`` from ``i``, as float32
 ``f32_bits(v)``, ``bits_f32(i)``   a float32's bit pattern as int32 and back (scalars)
-``fsum(v, lanes)``                 the 16 lanes of ``v`` added in one fixed order (via ``lanes``)
+``fhsum(v)``                       the 16 lanes of ``v`` added in one fixed order (a pairwise tree)
 =================================  ===========================================================
 
 ``vdpbusd`` compiles only for a CPU with AVX-512 VNNI: call it only when ``has_vnni()`` says so
@@ -306,14 +306,20 @@ def has_vnni() -> bool:
     return {"avx512vnni", "avx512bw", "avx512f"} <= f
 
 
-@njit(inline="always", cache=True, nogil=True)
-def fsum(v, lanes):
-    """The 16 lanes of float32 vector ``v`` added in one fixed order (a pairwise tree), through
-    the 16-element float32 scratch ``lanes``: a sum whose value does not depend on the build."""
-    fstore(lanes, 0, v)
-    w = 8
-    while w:
-        for j in range(w):
-            lanes[j] = lanes[j] + lanes[j + w]
-        w //= 2
-    return lanes[0]
+
+@intrinsic
+def fhsum(typingctx, v):
+    """The 16 lanes of ``v`` added in one fixed order, in registers: lanes ``j`` and ``j + 8``,
+    then ``j`` and ``j + 4`` of those, then ``j + 2``, then ``j + 1`` (IEEE adds, no reordering)."""
+    if v != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = args[0]
+        undef = ir.Constant(_F16, ir.Undefined)
+        for w in (8, 4, 2, 1):
+            mask = ir.Constant(_V16, [j + w if j < w else j for j in range(16)])
+            x = builder.fadd(x, builder.shuffle_vector(x, undef, mask))
+        return builder.extract_element(x, ir.Constant(_I32, 0))
+
+    return types.float32(F32x16), codegen

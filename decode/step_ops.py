@@ -35,7 +35,6 @@ def _head(q, qo, kc, vc, kvo, n, head_dim, scale, out):
     of ``kc``/``vc``, ``(context, kv_dim)``)."""
     kv = kc.shape[1]
     scores = np.empty(n, np.float32)
-    lanes = np.empty(LANES, np.float32)
     nv = head_dim // LANES
     rest = nv * LANES
     best = np.float32(-np.inf)
@@ -44,7 +43,7 @@ def _head(q, qo, kc, vc, kvo, n, head_dim, scale, out):
         a = simd.fsplat(np.float32(0.0))
         for j in range(nv):
             a = simd.fadd(a, simd.fmul(simd.fload(q, qo + j * LANES), simd.fload(kc, base + j * LANES)))
-        s = simd.fsum(a, lanes)
+        s = simd.fhsum(a)
         for i in range(rest, head_dim):
             s += q[qo + i] * kc[p, kvo + i]
         s *= scale
@@ -56,7 +55,7 @@ def _head(q, qo, kc, vc, kvo, n, head_dim, scale, out):
     n16 = n - n % LANES
     for p in range(0, n16, LANES):
         t = simd.fadd(t, simd.fload(scores, p))
-    total = simd.fsum(t, lanes)
+    total = simd.fhsum(t)
     for p in range(n16, n):
         total += scores[p]
     inv = np.float32(1.0) / total

@@ -289,3 +289,26 @@ def test_half_round_is_ieee_half_rounding():
     assert (mid.astype(np.float64) == (h.astype(np.float64) + np.nextafter(h, np.float16(np.inf)).astype(np.float64)) / 2).all()
     for x in np.concatenate([v, mid, -mid, np.float32([0.0, 6.1e-5, 6.103515625e-05, 5.96e-8])]):
         assert qint.half_round(np.float32(x)) == np.float32(np.float16(x)), x
+
+
+def test_fhsum_adds_lanes_in_its_fixed_tree():
+    """``simd.fhsum`` is the pairwise tree (j + 8, then j + 4, j + 2, j + 1) in float32, exactly:
+    values of wildly different sizes make any other order give another sum."""
+    from numba import njit
+
+    from decode import simd
+
+    @njit
+    def hsum(a):
+        return simd.fhsum(simd.fload(a, 0))
+
+    rng = np.random.default_rng(5)
+    other = 0
+    for _ in range(200):
+        v = (rng.standard_normal(16) * 10.0 ** rng.integers(-6, 7, 16)).astype(np.float32)
+        t = v.copy()
+        for w in (8, 4, 2, 1):
+            t[:w] = t[:w] + t[w:2 * w]
+        assert hsum(v) == t[0]
+        other += np.float32(np.sum(v, dtype=np.float32)) != t[0]
+    assert other > 0  # numpy's own order differs somewhere: the test can tell orders apart
