@@ -112,6 +112,13 @@ class StagedModel:
         """``decode.Model.forward``: the same logits, with ``s.sim`` advanced by the deployment's time."""
         tokens = self.inner.check_tokens(tokens, pos0)
         m, n = self.inner, tokens.shape[0]
+        if n == 1:  # a decode step: the stages' ranges in one go, timed as every single-token pass
+            x = s.x[:1]
+            m.embed(tokens, x)
+            m.layers(s, self.ranges[0].start, self.ranges[-1].stop, x, pos0)
+            logits = m.head(s, x)
+            self._advance(s, self._step_timeline(), 1)
+            return logits
         starts = range(0, n, s.chunk)
         passes = [_Pass(_SEQ0, c, tokens[c0:c0 + s.chunk], pos0 + c0,
                         s.x[:min(n, s.chunk)] if len(starts) == 1 else np.zeros((min(s.chunk, n - c0), m.config.d_model), np.float32),
