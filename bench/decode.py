@@ -385,7 +385,7 @@ def main() -> None:
               if res["llama.cpp"][k]}
     cfg = ours.model.config
     weight_bytes = ours.model.weights.nbytes
-    kv_read = 2 * cfg.n_layers * cfg.kv_dim * 4 * (len(ours.gen.tokenizer.encode(DECODE_PROMPT)) + args.tokens // 2)
+    kv_read = 2 * cfg.n_layers * cfg.kv_dim * ours.gen.state.k_cache.itemsize * (len(ours.gen.tokenizer.encode(DECODE_PROMPT)) + args.tokens // 2)
     bytes_per_token = weight_bytes + kv_read
     bw = read_bandwidth_gbs(args.threads)
     roofline = bw * 1e9 / bytes_per_token

@@ -16,6 +16,7 @@ declares a numba type ``I32x16`` for LLVM's ``<16 x i32>`` and intrinsics on it:
 ``fmul``, ``fload``, ``fstore``    flags, so never fused or reordered), load, store
 ``vtofloat(a)``                    int32 lanes as float32
 ``fhalves(h, i)``                  16 f16 bit patterns of uint16 array ``h`` from ``i``, as float32
+``half_bits(v)``                   a float32 rounded to a half (nearest, ties to even), as uint16 bits
 ``f32_bits(v)``, ``bits_f32(i)``   a float32's bit pattern as int32 and back (scalars)
 ``fhsum(v)``                       the 16 lanes of ``v`` added in one fixed order (a pairwise tree)
 =================================  ===========================================================
@@ -246,6 +247,19 @@ def fhalves(typingctx, h, index):
         return builder.fpext(builder.load(builder.bitcast(p, half16.as_pointer()), align=2), _F16)
 
     return F32x16(h, types.intp), codegen
+
+
+@intrinsic
+def half_bits(typingctx, v):
+    """The IEEE half nearest float32 ``v`` (ties to even), as its uint16 bit pattern (one
+    ``vcvtps2ph`` on x86-64 with F16C)."""
+    if v != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
 
 
 @intrinsic

@@ -17,11 +17,61 @@ from numba import njit, prange
 
 from . import simd
 from .ops import rope_row
-from .qint import LANES, MAX_BATCH, PREP_NONE, PREP_RMSNORM, PREP_SWIGLU, exp_f32, half_round, qmatvec_plain, qmatvec_vnni
+from .qint import LANES, MAX_BATCH, PREP_NONE, PREP_RMSNORM, PREP_SWIGLU, exp_f32, qmatvec_plain, qmatvec_vnni
+from .quant import F16_TABLE
 
 _JIT = dict(cache=True, nogil=True)
 #: Caches per ``cache_attend`` call (the most sequences a decode step batches).
 CACHE_SLOTS = MAX_BATCH
+
+
+@njit(inline="always", error_model="numpy", **_JIT)
+def _softmax_weights(scores, n, best):
+    """``scores[:n] = exp(scores - best)``; returns their sum (16 lanes, then the tail, in order)."""
+    for p in range(n):
+        scores[p] = exp_f32(scores[p] - best)
+    t = simd.fsplat(np.float32(0.0))
+    n16 = n - n % LANES
+    for p in range(0, n16, LANES):
+        t = simd.fadd(t, simd.fload(scores, p))
+    total = simd.fhsum(t)
+    for p in range(n16, n):
+        total += scores[p]
+    return total
+
+
+@njit(inline="always", error_model="numpy", **_JIT)
+def _head64(q, qo, kc, vc, kvo, n, scale, out, scores):
+    """``_head`` for 64-wide heads: q's four vectors and the output's four accumulators stay in
+    registers; every sum is ``_head``'s, in its order, so the numbers are the same."""
+    kv = kc.shape[1]
+    zero = simd.fsplat(np.float32(0.0))
+    q0, q1 = simd.fload(q, qo), simd.fload(q, qo + 16)
+    q2, q3 = simd.fload(q, qo + 32), simd.fload(q, qo + 48)
+    best = np.float32(-np.inf)
+    for p in range(n):
+        base = p * kv + kvo
+        a = simd.fadd(zero, simd.fmul(q0, simd.fhalves(kc, base)))
+        a = simd.fadd(a, simd.fmul(q1, simd.fhalves(kc, base + 16)))
+        a = simd.fadd(a, simd.fmul(q2, simd.fhalves(kc, base + 32)))
+        a = simd.fadd(a, simd.fmul(q3, simd.fhalves(kc, base + 48)))
+        sc = simd.fhsum(a) * scale
+        scores[p] = sc
+        best = sc if sc > best else best
+    inv = np.float32(1.0) / _softmax_weights(scores, n, best)
+    a0, a1, a2, a3 = zero, zero, zero, zero
+    for p in range(n):
+        wgt = simd.fsplat(scores[p])
+        base = p * kv + kvo
+        a0 = simd.fadd(a0, simd.fmul(wgt, simd.fhalves(vc, base)))
+        a1 = simd.fadd(a1, simd.fmul(wgt, simd.fhalves(vc, base + 16)))
+        a2 = simd.fadd(a2, simd.fmul(wgt, simd.fhalves(vc, base + 32)))
+        a3 = simd.fadd(a3, simd.fmul(wgt, simd.fhalves(vc, base + 48)))
+    iv = simd.fsplat(inv)
+    simd.fstore(out, qo, simd.fmul(a0, iv))
+    simd.fstore(out, qo + 16, simd.fmul(a1, iv))
+    simd.fstore(out, qo + 32, simd.fmul(a2, iv))
+    simd.fstore(out, qo + 48, simd.fmul(a3, iv))
 
 
 # Not inlined: every caller (any batch size, one cache or several) runs this one compiled
@@ -38,36 +88,29 @@ def _head(q, qo, kc, vc, kvo, n, head_dim, scale, out):
     nv = head_dim // LANES
     rest = nv * LANES
     best = np.float32(-np.inf)
+    if head_dim == 4 * LANES:  # 64 (SmolLM2, Llama 3.2 1B/3B): the same sums with q and the output in registers
+        return _head64(q, qo, kc, vc, kvo, n, scale, out, scores)
     for p in range(n):
         base = p * kv + kvo
         a = simd.fsplat(np.float32(0.0))
         for j in range(nv):
-            a = simd.fadd(a, simd.fmul(simd.fload(q, qo + j * LANES), simd.fload(kc, base + j * LANES)))
+            a = simd.fadd(a, simd.fmul(simd.fload(q, qo + j * LANES), simd.fhalves(kc, base + j * LANES)))
         s = simd.fhsum(a)
         for i in range(rest, head_dim):
-            s += q[qo + i] * kc[p, kvo + i]
+            s += q[qo + i] * F16_TABLE[kc[p, kvo + i]]
         s *= scale
         scores[p] = s
         best = s if s > best else best
-    for p in range(n):
-        scores[p] = exp_f32(scores[p] - best)
-    t = simd.fsplat(np.float32(0.0))
-    n16 = n - n % LANES
-    for p in range(0, n16, LANES):
-        t = simd.fadd(t, simd.fload(scores, p))
-    total = simd.fhsum(t)
-    for p in range(n16, n):
-        total += scores[p]
-    inv = np.float32(1.0) / total
+    inv = np.float32(1.0) / _softmax_weights(scores, n, best)
     acc = np.zeros(head_dim, np.float32)
     for p in range(n):
         wgt = simd.fsplat(scores[p])
         base = p * kv + kvo
         for j in range(nv):
             o = j * LANES
-            simd.fstore(acc, o, simd.fadd(simd.fload(acc, o), simd.fmul(wgt, simd.fload(vc, base + o))))
+            simd.fstore(acc, o, simd.fadd(simd.fload(acc, o), simd.fmul(wgt, simd.fhalves(vc, base + o))))
         for i in range(rest, head_dim):
-            acc[i] += scores[p] * vc[p, kvo + i]
+            acc[i] += scores[p] * F16_TABLE[vc[p, kvo + i]]
     for i in range(head_dim):
         out[qo + i] = acc[i] * inv
 
@@ -93,8 +136,8 @@ def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n
         rope_row(qkv[r], 0, n_heads, head_dim, rot_dims, pos, cos, sin)
         rope_row(qkv[r], qd, n_kv_heads, head_dim, rot_dims, pos, cos, sin)
         for j in range(kv):
-            kc[pos, j] = half_round(qkv[r, qd + j])
-            vc[pos, j] = half_round(qkv[r, qd + kv + j])
+            kc[pos, j] = simd.half_bits(qkv[r, qd + j])
+            vc[pos, j] = simd.half_bits(qkv[r, qd + kv + j])
     group = n_heads // n_kv_heads
     scale = np.float32(1.0 / math.sqrt(head_dim))
     for task in prange(B * n_heads):

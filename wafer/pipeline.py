@@ -26,7 +26,7 @@ from queue import SimpleQueue
 import numpy as np
 
 from decode.generate import end_reason
-from decode.model import PREFILL_CHUNK, Model, RunState
+from decode.model import KV_DTYPE, PREFILL_CHUNK, Model, RunState
 from decode.sampling import GREEDY, Sampler, SamplingParams
 
 from .clock import EventQueue, Kind, Span, Timeline
@@ -248,7 +248,7 @@ class WaferPipeline:
             if n_ctx > m.n_ctx:
                 raise ValueError(f"prompt {j}: {len(p)} + {max_tokens} tokens exceed the context of {m.n_ctx}")
             kv = (m.config.n_layers, n_ctx, m.config.kv_dim)
-            seqs.append(_Seq(j, p, max_tokens, Sampler(sampling), np.zeros(kv, np.float32), np.zeros(kv, np.float32)))
+            seqs.append(_Seq(j, p, max_tokens, Sampler(sampling), np.zeros(kv, KV_DTYPE), np.zeros(kv, KV_DTYPE)))
 
         def entries():
             for sq in seqs:  # each prompt enters in chunks, as decode.Model.forward splits it

@@ -17,25 +17,26 @@ QD, KV = N_HEADS * HEAD_DIM, N_KV * HEAD_DIM
 
 
 def half(a: np.ndarray) -> np.ndarray:
-    """float32 values rounded to halves (nearest, ties to even), as float32."""
-    return a.astype(np.float16).astype(np.float32)
+    """float32 values as the cache holds them: the nearest halves (ties to even), as uint16 bits."""
+    return np.asarray(a, np.float32).astype(np.float16).view(np.uint16)
 
 
-def attention_ref(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, n: int) -> np.ndarray:
-    out = np.zeros(QD)
-    for h in range(N_HEADS):
-        kvo = (h // (N_HEADS // N_KV)) * HEAD_DIM
-        scores = kc[:n, kvo:kvo + HEAD_DIM].astype(np.float64) @ q[h * HEAD_DIM:(h + 1) * HEAD_DIM] / np.sqrt(HEAD_DIM)
+def attention_ref(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, n: int, n_heads=N_HEADS, n_kv=N_KV, head_dim=HEAD_DIM) -> np.ndarray:
+    kc, vc = (c.view(np.float16).astype(np.float64) for c in (kc, vc))
+    out = np.zeros(n_heads * head_dim)
+    for h in range(n_heads):
+        kvo = (h // (n_heads // n_kv)) * head_dim
+        scores = kc[:n, kvo:kvo + head_dim] @ q[h * head_dim:(h + 1) * head_dim] / np.sqrt(head_dim)
         w = np.exp(scores - scores.max())
-        out[h * HEAD_DIM:(h + 1) * HEAD_DIM] = (w / w.sum()) @ vc[:n, kvo:kvo + HEAD_DIM]
+        out[h * head_dim:(h + 1) * head_dim] = (w / w.sum()) @ vc[:n, kvo:kvo + head_dim]
     return out
 
 
 def case(batch: int, seed: int):
     rng = np.random.default_rng(seed)
     qkv = rng.standard_normal((batch, QD + 2 * KV), dtype=np.float32)
-    kcs = tuple(rng.standard_normal((LAYERS, CTX, KV), dtype=np.float32) for _ in range(batch))
-    vcs = tuple(rng.standard_normal((LAYERS, CTX, KV), dtype=np.float32) for _ in range(batch))
+    kcs = tuple(half(rng.standard_normal((LAYERS, CTX, KV), dtype=np.float32)) for _ in range(batch))
+    vcs = tuple(half(rng.standard_normal((LAYERS, CTX, KV), dtype=np.float32)) for _ in range(batch))
     positions = np.array([0, 5, 63, 17][:batch], np.int64)
     return qkv, kcs, vcs, positions
 
@@ -110,3 +111,23 @@ def test_rows_are_rotated_at_their_own_positions():
         kc, vc = kcs[r][1], vcs[r][1]
         np.testing.assert_array_equal(kc[pos], half(want[r, QD:QD + KV]))
         np.testing.assert_allclose(att[r], attention_ref(want[r, :QD], kc, vc, pos + 1), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [32, 80])
+def test_other_head_widths_take_the_general_path(head_dim):
+    """Heads other than 64 wide (``_head``'s general loop, with a tail past the last 16 for 80)."""
+    n_heads, n_kv = 4, 2
+    qd, kv = n_heads * head_dim, n_kv * head_dim
+    rng = np.random.default_rng(head_dim)
+    qkv = rng.standard_normal((2, qd + 2 * kv), dtype=np.float32)
+    kcs = tuple(half(rng.standard_normal((1, CTX, kv), dtype=np.float32)) for _ in range(2))
+    vcs = tuple(half(rng.standard_normal((1, CTX, kv), dtype=np.float32)) for _ in range(2))
+    positions = np.array([9, 40], np.int64)
+    att = np.full((2, qd), np.nan, np.float32)
+    cos, sin = np.ones((CTX, head_dim // 2), np.float32), np.zeros((CTX, head_dim // 2), np.float32)
+    pad = CACHE_SLOTS - 2
+    cache_attend(qkv, kcs + kcs[:1] * pad, vcs + vcs[:1] * pad, 2, 0, positions, n_heads, n_kv, head_dim, head_dim, cos, sin, att)
+    for r, pos in enumerate(positions):
+        np.testing.assert_array_equal(kcs[r][0, pos], half(qkv[r, qd:qd + kv]))
+        want = attention_ref(qkv[r, :qd], kcs[r][0], vcs[r][0], pos + 1, n_heads, n_kv, head_dim)
+        np.testing.assert_allclose(att[r], want, rtol=1e-4, atol=1e-5)
