@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from .chat import ChatTemplate
 from .errors import ContextLengthError
 from .model import Model
@@ -115,6 +117,23 @@ class Generator:
         self.model.forward(self.state, prompt_ids[reuse:], reuse)
         self.cached = list(prompt_ids)
         return len(prompt_ids) - reuse
+
+    def logits_after(self, prompt_ids) -> np.ndarray:
+        """The next-token logits after ``prompt_ids`` (a copy), with the KV cache brought up to
+        them as ``prefill`` does (the cached prefix reused), so a prompt that goes on from them
+        later computes only its own new tokens."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if len(prompt_ids) >= self.n_ctx:
+            raise ContextLengthError(f"prompt has {len(prompt_ids)} tokens; the context holds {self.n_ctx}")
+        reuse = common_prefix(self.cached, prompt_ids)
+        if reuse == len(prompt_ids):
+            reuse -= 1  # the last token is run again to get its logits
+        self.cached = self.cached[:reuse]
+        logits = self.model.forward(self.state, prompt_ids[reuse:], reuse).copy()
+        self.cached = list(prompt_ids)
+        return logits
 
     def stream(self, prompt_ids, max_tokens: int = 128, sampling: SamplingParams = GREEDY,
                stop_ids=None) -> Iterator[Piece]:

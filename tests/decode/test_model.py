@@ -185,3 +185,16 @@ def test_stream_yields_text_pieces_that_add_up(generator):
     assert [p.token_id for p in pieces if p.token_id >= 0] == list(st.token_ids)
     assert st.text.strip()
     assert st.prefill_ms > 0 and st.first_token_ms >= st.prefill_ms
+
+
+def test_logits_after_reuses_the_prefix_and_equals_a_fresh_pass(model, tokenizer):
+    gen = Generator(model=model)
+    ids = tokenizer.encode("The quick brown fox jumps over the lazy dog.")
+    fresh = model.forward(model.new_state(), ids, 0).copy()
+    np.testing.assert_array_equal(gen.logits_after(ids), fresh)
+    assert gen.cached == ids
+    np.testing.assert_array_equal(gen.logits_after(ids), fresh)  # all cached: the last token runs again
+    longer = ids + tokenizer.encode(" Then")
+    np.testing.assert_array_equal(gen.logits_after(longer), model.forward(model.new_state(), longer, 0))
+    with pytest.raises(ValueError):
+        gen.logits_after([])
