@@ -385,7 +385,8 @@ def main() -> None:
               if res["llama.cpp"][k]}
     cfg = ours.model.config
     weight_bytes = ours.model.weights.nbytes
-    kv_read = 2 * cfg.n_layers * cfg.kv_dim * ours.gen.state.k_cache.itemsize * (len(ours.gen.tokenizer.encode(DECODE_PROMPT)) + args.tokens // 2)
+    kv_positions = len(ours.gen.tokenizer.encode(DECODE_PROMPT)) + args.tokens // 2
+    kv_read = 2 * cfg.n_layers * cfg.kv_dim * ours.gen.state.k_cache.itemsize * kv_positions
     bytes_per_token = weight_bytes + kv_read
     bw = read_bandwidth_gbs(args.threads)
     roofline = bw * 1e9 / bytes_per_token
@@ -445,7 +446,8 @@ def main() -> None:
         rp = repack_seconds(ours.model)
         print(f"repack of {ours.model.packed.nbytes / 1e6:.0f} MB: {rp * 1000:.0f} ms warm (median of 5), "
               f"{ours.model.packed.seconds * 1000:.0f} ms at this process's load")
-        figures.update(kernel_gb_s=rates, forward_batch_tok_s=batched, forward_batch_ratio=batch_ratio, repack_s=rp, repack_at_load_s=ours.model.packed.seconds)
+        figures.update(kernel_gb_s=rates, forward_batch_tok_s=batched, forward_batch_ratio=batch_ratio, repack_s=rp,
+                       repack_at_load_s=ours.model.packed.seconds)
     warm = fresh_process_first_token(cold=False)
     print(f"fresh process, warm numba cache: load {warm['load_ms']:.0f} ms, first token {warm['first_token_ms']:.0f} ms, "
           f"{warm['compiled']} compilations")

@@ -136,7 +136,7 @@ def main() -> None:
     print(f"{'all':20s} {len(groups):7d} {total_run / 1e6:9.0f} {total_wait / 1e6:9.0f} "
           f"{total_wait / total_run if total_run else 0:9.1%}")
     n = len(sampler.samples) or 1
-    print("groups busy at once (>= {:.0%} of an interval): ".format(BUSY_SHARE)
+    print(f"groups busy at once (>= {BUSY_SHARE:.0%} of an interval): "
           + ", ".join(f"{k}: {v / n:.1%}" for k, v in sorted(busy_at_once.items())))
     if args.json:
         Path(args.json).write_text(json.dumps({

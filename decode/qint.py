@@ -3,8 +3,9 @@
 llama.cpp's decode arithmetic.  The activation vector of each product is quantized once, per
 32-element block ``b``, as llama.cpp's ``block_q8_0`` / ``block_q8_1``: ``d = max|x| / 127``,
 ``q = rint(x / d)`` (int8), the block's integer sum ``sx[b] = sum(q)``, and the scale stored as
-a half, ``dx[b] = half(d)`` (Q4_1's min term too: ``mx[b] = half(d * sx[b])``).  A weight block holds unsigned codes ``u`` (Q4: the nibble 0..15;
-Q8_0: the int8 plus 128), so each block's dot product is an exact int32 ``S = sum(u * q)`` and
+a half, ``dx[b] = half(d)`` (Q4_1's min term too: ``mx[b] = half(d * sx[b])``).  A weight
+block holds unsigned codes ``u`` (Q4: the nibble 0..15; Q8_0: the int8 plus 128), so each
+block's dot product is an exact int32 ``S = sum(u * q)`` and
 
 ======  ==========================================================  ================
 type    block value                                                 offset ``off``

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numba
 from llvmlite import binding as ll
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 

@@ -1,11 +1,14 @@
-"""The cache and attention part of ``Model.step_layer``: B rows in one call.
+"""The cache and attention part of ``Model.step_layer``: B rows in one call, and the packed
+layers of a step in one call.
 
-The rows' q, k and v come out of one product as ``qkv (B, q_dim + 2 * kv_dim)``: one token each of B sequences, each with its own KV cache and position, or B tokens of
-one sequence at consecutive positions.  ``cache_attend`` applies RoPE to each row's q and k,
-writes its k and v into its cache at its position, then runs causal grouped-query attention for every (row, head) pair in one
-parallel loop, the softmax's exponentials on ``qint.exp_f32`` (vectorized, 1.3 ulp) instead of
-``math.exp``.  A row's numbers do not depend on the other rows, so a sequence alone gets what it
-gets in a batch, and a prompt's token what it gets as a decode step.
+The rows' q, k and v come out of one product as ``qkv (B, q_dim + 2 * kv_dim)``: one token each
+of B sequences, each with its own KV cache and position, or B tokens of one sequence at
+consecutive positions.  ``cache_attend`` applies RoPE to each row's q and k, writes its k and v
+into its cache at its position (as halves), then runs causal grouped-query attention for every
+(row, head) pair in one parallel loop, the softmax's exponentials on ``qint.exp_f32``
+(vectorized, 1.3 ulp) instead of ``math.exp``, every sum in the source's order (no fast-math).
+A row's numbers do not depend on the other rows, so a sequence alone gets what it gets in a
+batch, and a prompt's token what it gets as a decode step.
 """
 
 from __future__ import annotations
@@ -81,8 +84,8 @@ def _head64(q, qo, kc, vc, kvo, n, scale, out, scores):
 @njit(error_model="numpy", **_JIT)
 def _head(q, qo, kc, vc, kvo, n, head_dim, scale, out):
     """``out[qo : qo + head_dim] = softmax(K qh * scale) V`` with ``qh = q[qo : qo + head_dim]``
-    (``q``, ``out``: one row's q and attention output), over positions ``0 .. n - 1`` of one KV head (columns ``kvo .. kvo + head_dim``
-    of ``kc``/``vc``, ``(context, kv_dim)``)."""
+    (``q``, ``out``: one row's q and attention output), over positions ``0 .. n - 1`` of one KV
+    head (columns ``kvo .. kvo + head_dim`` of ``kc``/``vc``: ``(context, kv_dim)`` halves)."""
     kv = kc.shape[1]
     scores = np.empty(n, np.float32)
     nv = head_dim // LANES
