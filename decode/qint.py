@@ -28,12 +28,13 @@ With this layout a 64-byte load times one broadcast 4-byte activation group is o
 giving 16 rows' partial sums at once, and the 16 lanes finish as the 16 rows' results (no
 horizontal sums).
 
-Two implementations of the integer sums, chosen at load from the CPU (``select``): AVX-512 VNNI
-through ``decode.simd``'s intrinsics (with the quants prefetched ``PREFETCH_BYTES`` ahead), and
-plain numba loops for any other CPU.  Both produce the
-same int32 sums and share ``combine`` (no fast-math: every float operation in a fixed order), so
-their results are identical.  Every kernel takes ``B`` activation rows (batched decode, B up to
-8): each weight block is read and unpacked once for all of them.
+Three implementations of the integer sums, chosen at load from the CPU (``select``): AVX-512
+VNNI through ``decode.simd``'s intrinsics (with the quants prefetched ``PREFETCH_BYTES`` ahead),
+the same kernels with AVX2's ``pmaddubsw`` + ``pmaddwd`` for the sums (CPUs without VNNI), and
+plain numba loops for any other CPU.  All produce the same int32 sums and share ``combine`` (no
+fast-math: every float operation in a fixed order), so their results are identical.  Every
+kernel takes ``B`` activation rows (batched decode, B up to 8): each weight block is read and
+unpacked once for all of them.
 """
 
 from __future__ import annotations
@@ -450,6 +451,127 @@ def block_isums_vnni(qtype, qs, xq, n, out):
                     out[s, t * LANES + r, blk] = isum[r]
 
 
+# -- integer sums: AVX2 --------------------------------------------------------------------------
+# The VNNI kernels with AVX2's pmaddubsw + pmaddwd for the sums (simd.vdpbusd_avx2, _q8_avx2), for
+# CPUs without AVX-512 VNNI; LLVM splits the 512-bit vectors into two 256-bit halves.  Q8_0's sums
+# come out as S - 128 * sx (its codes less 128), so its offset is applied already: the same float
+# operations follow on the same values.
+
+
+@njit(inline="always", **_JIT)
+def _offset_avx2(qtype):
+    return 0 if qtype == _Q8_0 else _offset(qtype)
+
+
+@njit(inline="always", **_JIT)
+def _q4_dot_avx2(w, xq, xo):
+    a = simd.vdpbusd_avx2(simd.vsplat(np.int32(0)), w[0], simd.vbcast4(xq, xo))
+    a = simd.vdpbusd_avx2(a, w[1], simd.vbcast4(xq, xo + 16))
+    a = simd.vdpbusd_avx2(a, w[2], simd.vbcast4(xq, xo + 4))
+    a = simd.vdpbusd_avx2(a, w[3], simd.vbcast4(xq, xo + 20))
+    a = simd.vdpbusd_avx2(a, w[4], simd.vbcast4(xq, xo + 8))
+    a = simd.vdpbusd_avx2(a, w[5], simd.vbcast4(xq, xo + 24))
+    a = simd.vdpbusd_avx2(a, w[6], simd.vbcast4(xq, xo + 12))
+    return simd.vdpbusd_avx2(a, w[7], simd.vbcast4(xq, xo + 28))
+
+
+@njit(inline="always", **_JIT)
+def _q8_dot_avx2(w, xq, xo):
+    a = simd.vdpbusd_q8_avx2(simd.vsplat(np.int32(0)), w[0], simd.vbcast4(xq, xo))
+    for g in range(1, 8):
+        a = simd.vdpbusd_q8_avx2(a, w[g], simd.vbcast4(xq, xo + 4 * g))
+    return a
+
+
+@njit(inline="always", **_JIT)
+def _dot_avx2(is_q8, qs, base, xq, xo):
+    if is_q8:
+        return _q8_dot_avx2(_q8_load(qs, base), xq, xo)
+    return _q4_dot_avx2(_q4_unpack(qs, base), xq, xo)
+
+
+@njit(inline="always", **_JIT)
+def _tile1_avx2(qtype, qs, dh, mh, xq, xd, xs, xm, t, acc):
+    """``_tile1_vnni`` on AVX2."""
+    nb, nbytes = qs.shape[1], qs.shape[2]
+    q4_1, is_q8, off = qtype == _Q4_1, qtype == _Q8_0, _offset_avx2(qtype)
+    v = simd.fsplat(np.float32(0.0))
+    for blk in range(nb):
+        hb = (t * nb + blk) * LANES
+        base = (t * nb + blk) * nbytes
+        _prefetch_ahead(qs, base, is_q8)
+        d = simd.fhalves(dh, hb)
+        m = simd.fhalves(mh, hb) if q4_1 else d
+        a = _dot_avx2(is_q8, qs, base, xq, blk * 32)
+        v = _vcombine(q4_1, off, d, m, a, xd[blk], xs[blk], xm[blk], v)
+    simd.fstore(acc, 0, v)
+
+
+@njit(inline="always", **_JIT)
+def _tile_avx2(qtype, qs, dh, mh, xq, xd, xs, xm, n, t, acc):
+    """``_tile_vnni`` on AVX2."""
+    B = acc.shape[0]
+    nb, nbytes = qs.shape[1], qs.shape[2]
+    q4_1, off = qtype == _Q4_1, _offset_avx2(qtype)
+    zero = simd.fsplat(np.float32(0.0))
+    for s in range(B):
+        simd.fstore(acc, s * LANES, zero)
+    for blk in range(nb):
+        hb = (t * nb + blk) * LANES
+        base = (t * nb + blk) * nbytes
+        _prefetch_ahead(qs, base, qtype == _Q8_0)
+        d = simd.fhalves(dh, hb)
+        m = simd.fhalves(mh, hb) if q4_1 else d
+        if qtype == _Q8_0:
+            w = _q8_load(qs, base)
+            for s in range(B):
+                a = _q8_dot_avx2(w, xq, s * n + blk * 32)
+                i = s * nb + blk
+                simd.fstore(acc, s * LANES, _vcombine(q4_1, off, d, m, a, xd[i], xs[i], xm[i], simd.fload(acc, s * LANES)))
+        else:
+            w = _q4_unpack(qs, base)
+            for s in range(B):
+                a = _q4_dot_avx2(w, xq, s * n + blk * 32)
+                i = s * nb + blk
+                simd.fstore(acc, s * LANES, _vcombine(q4_1, off, d, m, a, xd[i], xs[i], xm[i], simd.fload(acc, s * LANES)))
+
+
+@njit(parallel=True, **_JIT)
+def qmatvec_avx2(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add):
+    """``qmatvec_vnni`` on AVX2 (``pmaddubsw`` + ``pmaddwd``): the same sums, the same results."""
+    _check(qs, x, prep, out, xq)
+    n = _prepare(x, prep, norm, eps, xn, xq, xd, xs, xm)
+    B, rows = out.shape
+    for t in prange(qs.shape[0]):
+        acc = np.empty((B, LANES), np.float32)  # hoisted by numba: one per thread and call
+        if B == 1:
+            _tile1_avx2(qtype, qs, dh, mh, xq, xd, xs, xm, t, acc)
+        else:
+            _tile_avx2(qtype, qs, dh, mh, xq, xd, xs, xm, n, t, acc)
+        _store(acc, out, t, rows, add)
+
+
+@njit(**_JIT)
+def block_isums_avx2(qtype, qs, xq, n, out):
+    """The raw int32 block sums of the AVX2 path (Q8_0's with its ``128 * sx`` added back, as the
+    other paths give them)."""
+    ntiles, nb, nbytes = qs.shape
+    isum = np.empty(LANES, np.int32)
+    for t in range(ntiles):
+        for blk in range(nb):
+            base = (t * nb + blk) * nbytes
+            for s in range(out.shape[0]):
+                simd.vstore(isum, 0, _dot_avx2(qtype == _Q8_0, qs, base, xq, s * n + blk * 32))
+                if qtype == _Q8_0:
+                    sx = np.int32(0)
+                    for j in range(32):
+                        sx += np.int32(xq[s * n + blk * 32 + j])
+                    for r in range(LANES):
+                        isum[r] += np.int32(128) * sx
+                for r in range(LANES):
+                    out[s, t * LANES + r, blk] = isum[r]
+
+
 # -- integer sums: plain numba ------------------------------------------------------------------
 
 
@@ -516,10 +638,10 @@ def block_isums_plain(qtype, qs, xq, n, out):
 
 @dataclass(frozen=True, slots=True)
 class IntKernels:
-    """The integer kernels one model uses: ``name`` is ``"vnni"`` or ``"plain"``."""
+    """The integer kernels one model uses: ``name`` is ``"vnni"``, ``"avx2"`` or ``"plain"``."""
 
     name: str
-    matvec: object  # qmatvec_vnni or qmatvec_plain
+    matvec: object  # qmatvec_vnni, qmatvec_avx2 or qmatvec_plain
     block_isums: object
 
     def __call__(self, p: PackedMatrix, x: np.ndarray, act: Activations, out: np.ndarray, add: bool = False,
@@ -535,17 +657,22 @@ class IntKernels:
 
 
 def select(kind: str = "auto") -> IntKernels:
-    """``"vnni"`` when the CPU numba compiles for has AVX-512 VNNI (``"auto"``), else ``"plain"``."""
-    vnni = simd.has_vnni()
+    """``"auto"``: ``"vnni"`` when the CPU numba compiles for has AVX-512 VNNI, else ``"avx2"`` when
+    it has AVX2 (and F16C), else ``"plain"``."""
+    vnni, avx2 = simd.has_vnni(), simd.has_avx2()
     if kind == "auto":
-        kind = "vnni" if vnni else "plain"
+        kind = "vnni" if vnni else "avx2" if avx2 else "plain"
     if kind == "vnni":
         if not vnni:
             raise ValueError("the VNNI kernels need a CPU with AVX-512 VNNI (avx512vnni, avx512bw)")
         return IntKernels("vnni", qmatvec_vnni, block_isums_vnni)
+    if kind == "avx2":
+        if not avx2:
+            raise ValueError("the AVX2 kernels need a CPU with AVX2 and F16C")
+        return IntKernels("avx2", qmatvec_avx2, block_isums_avx2)
     if kind == "plain":
         return IntKernels("plain", qmatvec_plain, block_isums_plain)
-    raise ValueError(f"unknown integer kernels {kind!r}: auto, vnni or plain")
+    raise ValueError(f"unknown integer kernels {kind!r}: auto, vnni, avx2 or plain")
 
 
 class Activations:

@@ -10,6 +10,8 @@ declares a numba type ``I32x16`` for LLVM's ``<16 x i32>`` and intrinsics on it:
 ``vsplat(v)``                      the int32 ``v`` in every lane
 ``vand(a, b)``, ``vsrl4(a)``       bitwise and; logical shift right of each lane by 4
 ``vdpbusd(acc, u, s)``             ``acc[l] + sum_k u8(u[l][k]) * i8(s[l][k])`` (exact, no saturation)
+``vdpbusd_avx2``, ``_q8_avx2``     the same sums from AVX2's ``pmaddubsw`` + ``pmaddwd`` (Q4 codes;
+                                   Q8_0's codes less 128)
 ``vstore(a, i, v)``                the 16 lanes into int32 array ``a`` from element ``i``
 ``vsub(a, b)``                     lane-wise int32 difference
 ``F32x16``: ``fsplat``, ``fadd``,  float32 vectors: splat, IEEE add and multiply (no fast-math
@@ -143,6 +145,49 @@ def vdpbusd(typingctx, acc, u, s):
         fnty = ir.FunctionType(_V16, [_V16, _V16, _V16])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
         return builder.call(fn, args)
+
+    return I32x16(I32x16, I32x16, I32x16), codegen
+
+
+def _avx2_dot(builder, acc, u, s, q8: bool):
+    """``acc + sum of 4 products`` per lane through AVX2's ``pmaddubsw`` + ``pmaddwd`` on the two
+    256-bit halves.  ``q8``: ``u`` holds int8 plus 128; the products are ``(u - 128) * s``, taken as
+    ``|w| * (s signed by w)`` so that no 16-bit pair sum saturates (|s| <= 127)."""
+    mod = builder.module
+    i8x32, i16x16, i32x8 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(16), 16), ir.VectorType(_I32, 8)
+    ubsw = cgutils.get_or_insert_function(mod, ir.FunctionType(i16x16, [i8x32, i8x32]), "llvm.x86.avx2.pmadd.ub.sw")
+    wd = cgutils.get_or_insert_function(mod, ir.FunctionType(i32x8, [i16x16, i16x16]), "llvm.x86.avx2.pmadd.wd")
+    ones = ir.Constant(i16x16, [1] * 16)
+    halves = []
+    for h in (0, 1):
+        idx = ir.Constant(ir.VectorType(_I32, 8), list(range(8 * h, 8 * h + 8)))
+        uh = builder.bitcast(builder.shuffle_vector(u, u, idx), i8x32)
+        sh = builder.bitcast(builder.shuffle_vector(s, s, idx), i8x32)
+        if q8:
+            w = builder.xor(uh, ir.Constant(i8x32, [0x80] * 32))
+            absf = cgutils.get_or_insert_function(mod, ir.FunctionType(i8x32, [i8x32, ir.IntType(1)]), "llvm.abs.v32i8")
+            sign = cgutils.get_or_insert_function(mod, ir.FunctionType(i8x32, [i8x32, i8x32]), "llvm.x86.avx2.psign.b")
+            uh, sh = builder.call(absf, [w, ir.Constant(ir.IntType(1), 0)]), builder.call(sign, [sh, w])
+        halves.append(builder.call(wd, [builder.call(ubsw, [uh, sh]), ones]))
+    return builder.add(acc, builder.shuffle_vector(halves[0], halves[1], ir.Constant(_V16, list(range(16)))))
+
+
+@intrinsic
+def vdpbusd_avx2(typingctx, acc, u, s):
+    """``vdpbusd`` for codes ``u`` of at most 15 (Q4 nibbles) on AVX2: the same exact sums (a pair
+    of products stays within int16)."""
+    def codegen(context, builder, sig, args):
+        return _avx2_dot(builder, *args, q8=False)
+
+    return I32x16(I32x16, I32x16, I32x16), codegen
+
+
+@intrinsic
+def vdpbusd_q8_avx2(typingctx, acc, u, s):
+    """``acc[l] + sum_k (u8(u[l][k]) - 128) * i8(s[l][k])`` on AVX2 (Q8_0's codes: the int8 plus
+    128): exact for activations ``s`` in -127..127."""
+    def codegen(context, builder, sig, args):
+        return _avx2_dot(builder, *args, q8=True)
 
     return I32x16(I32x16, I32x16, I32x16), codegen
 
@@ -312,6 +357,11 @@ def target_features() -> set[str]:
         return set()
     feats = ll.get_host_cpu_features()
     return {name for name, on in feats.items() if on}
+
+
+def has_avx2() -> bool:
+    """Whether ``vdpbusd_avx2`` / ``vdpbusd_q8_avx2`` (and the halves' conversions) compile for this target."""
+    return {"avx2", "f16c"} <= target_features()
 
 
 def has_vnni() -> bool:

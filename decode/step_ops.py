@@ -20,7 +20,7 @@ from numba import njit, prange
 
 from . import simd
 from .ops import rope_row
-from .qint import LANES, MAX_BATCH, PREP_NONE, PREP_RMSNORM, PREP_SWIGLU, exp_f32, qmatvec_plain, qmatvec_vnni
+from .qint import LANES, MAX_BATCH, PREP_NONE, PREP_RMSNORM, PREP_SWIGLU, exp_f32, qmatvec_avx2, qmatvec_plain, qmatvec_vnni
 from .quant import F16_TABLE
 
 _JIT = dict(cache=True, nogil=True)
@@ -189,7 +189,20 @@ def layers_plain(lo, hi, x, xb, qkv, att, gu, aq, ad, as_, am, t0, qs0, d0, m0, 
         qmatvec_plain(t3, qs3[i], d3[i], m3[i], gu, PREP_SWIGLU, ffn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
 
 
-LAYERS = {"vnni": layers_vnni, "plain": layers_plain}
+@njit(**_JIT)
+def layers_avx2(lo, hi, x, xb, qkv, att, gu, aq, ad, as_, am, t0, qs0, d0, m0, t1, qs1, d1, m1, t2, qs2, d2, m2,
+                 t3, qs3, d3, m3, attn_norms, ffn_norms, eps, k_caches, v_caches, n_caches, positions, n_heads, n_kv_heads,
+                 head_dim, rot_dims, cos, sin):
+    """``layers_vnni`` with ``qint.qmatvec_avx2``."""
+    for i in range(lo, hi):
+        qmatvec_avx2(t0, qs0[i], d0[i], m0[i], x, PREP_RMSNORM, attn_norms[i], eps, xb, aq, ad, as_, am, qkv, False)
+        cache_attend(qkv, k_caches, v_caches, n_caches, i, positions, n_heads, n_kv_heads, head_dim, rot_dims, cos, sin, att)
+        qmatvec_avx2(t1, qs1[i], d1[i], m1[i], att, PREP_NONE, attn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
+        qmatvec_avx2(t2, qs2[i], d2[i], m2[i], x, PREP_RMSNORM, ffn_norms[i], eps, xb, aq, ad, as_, am, gu, False)
+        qmatvec_avx2(t3, qs3[i], d3[i], m3[i], gu, PREP_SWIGLU, ffn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
+
+
+LAYERS = {"vnni": layers_vnni, "avx2": layers_avx2, "plain": layers_plain}
 
 
 def cache_tuples(states) -> tuple[tuple, tuple, int]:

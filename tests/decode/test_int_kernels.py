@@ -26,7 +26,8 @@ TYPES = ("Q4_0", "Q4_1", "Q8_0")
 COLS = (32, 96, 576, 1536)
 ROWS = (7, 16, 130)  # under one tile, exactly one, eight tiles and a 2-row tail
 BATCH = (1, 3, 8)
-KINDS = ["plain", pytest.param("vnni", marks=pytest.mark.skipif(not simd.has_vnni(), reason="no AVX-512 VNNI"))]
+KINDS = ["plain", pytest.param("vnni", marks=pytest.mark.skipif(not simd.has_vnni(), reason="no AVX-512 VNNI")),
+         pytest.param("avx2", marks=pytest.mark.skipif(not simd.has_avx2(), reason="no AVX2"))]
 
 
 def _seed(*key) -> int:
@@ -196,14 +197,33 @@ def test_matvec_matches_integer_reference(kind, qtype, cols, rows, batch):
     np.testing.assert_array_equal(out, want)  # the same float32 operations in the same order: no rounding apart
 
 
-@pytest.mark.skipif(not simd.has_vnni(), reason="no AVX-512 VNNI")
+@pytest.mark.parametrize("kind", KINDS[1:])
 @pytest.mark.parametrize("batch", (1, 2, 5, 8))
 @pytest.mark.parametrize("cols", COLS)
 @pytest.mark.parametrize("qtype", TYPES)
-def test_vnni_equals_plain(qtype, cols, batch):
+def test_simd_kernels_equal_plain(kind, qtype, cols, batch):
     p = packed(qtype, 130, cols)
     x = activations((batch, cols), _seed("vp", batch, cols))
-    np.testing.assert_array_equal(run("vnni", p, x), run("plain", p, x))
+    np.testing.assert_array_equal(run(kind, p, x), run("plain", p, x))
+
+
+@pytest.mark.skipif(not simd.has_avx2(), reason="no AVX2")
+def test_avx2_q8_sums_hold_at_the_extremes():
+    """Q8_0 codes of -128 and 127 against activations of -127 and 127: AVX2's 16-bit pair sums
+    would saturate on the codes as stored (plus 128); the sign trick keeps them exact."""
+    rows, cols = 16, 64
+    w = matrix("Q8_0", rows, cols).copy()
+    b = w.reshape(rows, cols // 32, 34)
+    b[..., 2:34] = np.where(np.arange(32) % 2 == 0, np.uint8(0x80), np.uint8(0x7F))  # -128, 127, ...
+    p = qint.pack([(QType.Q8_0, w)])
+    x = np.where(np.arange(cols) % 4 < 2, np.float32(-1.0), np.float32(1.0))[None].astype(np.float32)
+    np.testing.assert_array_equal(run("avx2", p, x), run("plain", p, x))
+    act = qint.Activations(cols)
+    qint.quantize_q8(x, act.q, act.d, act.s, act.m)
+    out = np.zeros((1, rows, cols // 32), np.int32)
+    qint.select("avx2").block_isums(int(QType.Q8_0), p.qs, act.q, cols, out)
+    u, _, _ = ref.int_codes("Q8_0", w)
+    np.testing.assert_array_equal(out[0], ref.int_block_sums(u, act.q.reshape(1, cols))[0])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -241,7 +261,7 @@ def test_swiglu_input(kind):
 
 def test_select():
     assert qint.select("plain").name == "plain"
-    assert qint.select().name == ("vnni" if simd.has_vnni() else "plain")
+    assert qint.select().name == ("vnni" if simd.has_vnni() else "avx2" if simd.has_avx2() else "plain")
     with pytest.raises(ValueError, match="unknown"):
         qint.select("avx9")
 
@@ -312,3 +332,45 @@ def test_fhsum_adds_lanes_in_its_fixed_tree():
         assert hsum(v) == t[0]
         other += np.float32(np.sum(v, dtype=np.float32)) != t[0]
     assert other > 0  # numpy's own order differs somewhere: the test can tell orders apart
+
+
+AVX2_ONLY_CHECK = r"""
+import numpy as np
+from decode import qint, simd
+from decode.quant import QType
+import sys
+sys.path.insert(0, "tests")
+from quant_reference import random_matrix
+assert not simd.has_vnni() and simd.has_avx2() and qint.select().name == "avx2"
+rng = np.random.default_rng(1)
+for name in ("Q4_0", "Q4_1", "Q8_0"):
+    p = qint.pack([(QType[name], random_matrix(name, 48, 96, 3))])
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 96), dtype=np.float32)
+        outs = []
+        for kind in ("avx2", "plain"):
+            out = np.zeros((batch, 48), np.float32)
+            qint.select(kind)(p, x, qint.Activations(96, batch), out)
+            outs.append(out)
+        assert np.array_equal(*outs), name
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not simd.has_avx2(), reason="no AVX2")
+def test_avx2_kernels_compile_for_a_cpu_without_avx512(tmp_path):
+    """Compiled for this CPU with every AVX-512 feature off (as on an AVX2-only EPYC), the kernels
+    select ``avx2`` and give the plain path's numbers (a fresh numba cache, in a subprocess)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from llvmlite import binding as ll
+
+    off = ("avx512", "avxvnni", "amx", "evex512", "avx10", "avxifma", "avxneconvert")
+    feats = ",".join(("+" if on and not k.startswith(off) else "-") + k for k, on in ll.get_host_cpu_features().items())
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=feats, NUMBA_CACHE_DIR=str(tmp_path))
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", AVX2_ONLY_CHECK], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
