@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -175,16 +175,23 @@ def pack_weights(w: Weights) -> PackedWeights:
     stack = None
     if first is not None and None not in (first.qkv, first.wo, first.gate_up, first.down) \
             and len({signature(lw) for lw in w.layers}) == 1:
-        # layer 0 gave the shapes; every layer (0 again) is packed into its slot of the stacks
+        # layer 0 gave the shapes and is copied into slot 0; the others are packed into their slots
+        firsts = [getattr(first, kind) for kind in KINDS]
         stack = {kind: tuple(np.zeros((len(w.layers),) + a.shape, a.dtype) for a in (f.qs, f.d, f.m))
-                 for kind, f in zip(KINDS, (first.qkv, first.wo, first.gate_up, first.down), strict=True)}
-        layers = [PackedLayer(*(pk(mats, tuple(a[i] for a in stack[kind])) for kind, mats in zip(KINDS, _layer_mats(lw), strict=True)))
-                  for i, lw in enumerate(w.layers)]
+                 for kind, f in zip(KINDS, firsts, strict=True)}
+        for kind, f in zip(KINDS, firsts, strict=True):
+            for a, b in zip(stack[kind], (f.qs, f.d, f.m), strict=True):
+                a[0] = b
+        rest = [PackedLayer(*(pk(mats, tuple(a[i] for a in stack[kind])) for kind, mats in zip(KINDS, _layer_mats(lw), strict=True)))
+                for i, lw in enumerate(w.layers) if i]
         for arrays in stack.values():
             for a in arrays:
                 a.setflags(write=False)
+        # layer 0's views made after the stacks are read-only, so they are too
+        layers = [PackedLayer(*(replace(f, qs=stack[kind][0][0], d=stack[kind][1][0], m=stack[kind][2][0])
+                                for kind, f in zip(KINDS, firsts, strict=True)))] + rest
     else:
-        layers = [PackedLayer(*(pk(mats) for mats in _layer_mats(lw))) for lw in w.layers]
+        layers = [first] + [PackedLayer(*(pk(mats) for mats in _layer_mats(lw))) for lw in w.layers[1:]] if first else []
     head = pk((w.output,))
     return PackedWeights(layers=tuple(layers), head=head, seconds=time.perf_counter() - t0, stack=stack)
 
