@@ -135,6 +135,11 @@ class Generator:
         self.cached = list(prompt_ids)
         return logits
 
+    def last_hidden(self) -> np.ndarray:
+        """The final-normed hidden state ``(d_model,)`` of the last position computed (a copy): what
+        the output projection turned into the last logits (e.g. after ``logits_after``)."""
+        return self.state.step.final[0].copy()
+
     def stream(self, prompt_ids, max_tokens: int = 128, sampling: SamplingParams = GREEDY,
                stop_ids=None) -> Iterator[Piece]:
         """Yield the generated pieces for ``prompt_ids``; stop at a stop token, ``max_tokens``,

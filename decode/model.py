@@ -517,6 +517,7 @@ class Model:
         logits = self._head(x, b)
         for r, s in enumerate(states):
             s.logits[:] = logits[r]
+            s.step.final[0] = b.final[r]  # as a lone step leaves it (``Generator.last_hidden``)
 
     def _batch_buffers(self) -> StepBuffers:
         bufs = getattr(self._batch, "bufs", None)

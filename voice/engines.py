@@ -13,6 +13,7 @@ from decode.batching import BatchingModel, ComputeThread
 
 from .llm import LLMConversation, Persona
 from .loop import Engines
+from .turn_end import TurnEndScorer
 
 ACK_TEXT = "Hmm,"
 
@@ -71,12 +72,13 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
     times["tts_ms"] = (time.perf_counter() - t) * 1000
     t = time.perf_counter()
     say("warming up with one full turn")
-    warm_turn(asr, llm, tts)
+    turn_end = TurnEndScorer.for_model(llm.generator)
+    warm_turn(asr, llm, tts, turn_end)
     times["warmup_ms"] = (time.perf_counter() - t) * 1000
-    return Engines(transcriber=asr, llm=llm, tts=tts, ack_pcm=ack), times
+    return Engines(transcriber=asr, llm=llm, tts=tts, ack_pcm=ack, turn_end=turn_end), times
 
 
-def warm_turn(asr, llm, tts) -> None:
+def warm_turn(asr, llm, tts, turn_end: TurnEndScorer | None = None) -> None:
     """Speech -> text -> answer -> speech once, so that the first real turn runs on warm
     caches and allocated buffers; the conversation is reset afterwards (the persona stays
     in the KV cache)."""
@@ -85,6 +87,8 @@ def warm_turn(asr, llm, tts) -> None:
 
     speech = np.concatenate(list(tts.synthesize("What time do you open tomorrow morning?")))
     text = asr.transcribe(to_float(resample(speech, tts.sample_rate, ASR_RATE))).text
+    if turn_end is not None:
+        turn_end.score(llm.context(), text or "Hello")
     reply = "".join(llm.reply(text or "Hello"))
     for _ in tts.synthesize(reply or "Hello."):
         pass
@@ -125,7 +129,8 @@ class SharedEngines:
                               history_turns=base.history_turns)
         return Engines(transcriber=_ComputeTranscriber(self.base.transcriber, self.asr), llm=llm,
                        tts=_LockedSynthesizer(self.base.tts, self.compute.cores), ack_pcm=self.base.ack_pcm,
-                       project=self.base.project)
+                       project=self.base.project,
+                       turn_end=None if self.base.turn_end is None else TurnEndScorer(gen, self.base.turn_end.head))
 
     def with_persona(self, engines: Engines, persona: Persona) -> Engines:
         """The same session with a new persona (``session.update`` instructions): history restarts."""

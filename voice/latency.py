@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 MARKS = (
     "speech_start",  # first voiced sample of the user (audio time)
     "last_voiced",  # last voiced sample of the user (audio time)
+    "pause",  # the pause decided at which the answer's speculative work started (absent when it started at the endpoint)
     "endpoint",  # speech_stopped decided
+    "asr_start",  # the final transcript's ASR started (at the pause when speculative, else at the endpoint)
     "transcript",  # final transcript available (earlier than endpoint when speculative)
+    "turn_end_score",  # the end-of-turn score of that transcript known (voice.turn_end)
     "first_token",  # first generated token
     "first_phrase",  # first speakable phrase handed to TTS
     "tts_first_audio",  # first PCM chunk of the answer out of TTS
@@ -27,6 +30,9 @@ MARKS = (
 
 STAGES = ("endpoint_ms", "asr_ms", "llm_first_token_ms", "first_phrase_ms", "tts_first_audio_ms", "hold_ms",
           "voice_to_voice_ms", "first_audio_ms")
+#: The work itself, wherever it ran (at the pause or after the endpoint): the critical path from the start of the
+#: final transcript's ASR to the answer's first audio out of TTS, and its ASR and end-of-turn scoring.
+WORK = ("asr_run_ms", "turn_end_score_ms", "critical_path_ms")
 
 
 @dataclass(slots=True)
@@ -38,6 +44,7 @@ class TurnTrace:
     transcript: str = ""
     reply: str = ""
     barge_in: bool = False
+    end_of_turn: dict | None = None  # what ended the user's turn: score, rule, silence waited (voice.loop)
 
     def mark(self, name: str, t: float, overwrite: bool = False) -> None:
         if name not in MARKS:
@@ -52,7 +59,7 @@ class TurnTrace:
     def report(self, simulated: dict | None = None) -> TurnReport:
         return TurnReport(turn=self.turn, transcript=self.transcript, reply=self.reply, budget_ms=self.budget_ms,
                           stamps=dict(self.stamps), mitigations=tuple(self.mitigations), barge_in=self.barge_in,
-                          simulated=simulated)
+                          simulated=simulated, end_of_turn=self.end_of_turn)
 
 
 def _span(stamps, a, b):
@@ -73,6 +80,19 @@ class TurnReport:
     #: the same turn on the simulated deployment the decode core runs on (``wafer.deploy.simulated_turn``):
     #: deployment, llm_first_token_ms, first_phrase_ms, token_ms, voice_to_voice_ms, within_budget, overrun_ms
     simulated: dict | None = None
+    #: what ended the user's turn: ``rule`` ("confident", "unsure", "unfinished": the end-of-turn policy; "silence": the
+    #: plain silence; "manual": the client committed), ``silence_ms`` waited after the last voiced sample, and with a
+    #: score ``p_end``, ``p_token``, ``source``, ``stop_ms``, ``eagerness``; None for a typed turn
+    end_of_turn: dict | None = None
+
+    @property
+    def work_ms(self) -> dict[str, float | None]:
+        s = self.stamps
+        return {
+            "asr_run_ms": _span(s, "asr_start", "transcript"),
+            "turn_end_score_ms": _span(s, "transcript", "turn_end_score"),
+            "critical_path_ms": _span(s, "asr_start", "tts_first_audio"),
+        }
 
     @property
     def latency_ms(self) -> dict[str, float | None]:
@@ -113,6 +133,8 @@ class TurnReport:
             "transcript": self.transcript,
             "reply": self.reply,
             "latency_ms": lat,
+            "work_ms": {k: (None if v is None else round(v, 1)) for k, v in self.work_ms.items()},
+            "end_of_turn": self.end_of_turn,
             "budget_ms": self.budget_ms,
             "within_budget": self.within_budget,
             "overrun_ms": None if math.isinf(self.overrun_ms) else round(self.overrun_ms, 1),
@@ -138,6 +160,12 @@ def summarize(reports: list[TurnReport]) -> dict:
         vals = [r.latency_ms[stage] for r in reports]
         p50, p95 = percentile(vals, 0.5), percentile(vals, 0.95)
         out[stage] = {"p50": None if p50 is None else round(p50, 1), "p95": None if p95 is None else round(p95, 1)}
+    for name in WORK:
+        vals = [r.work_ms[name] for r in reports]
+        p50, p95 = percentile(vals, 0.5), percentile(vals, 0.95)
+        out[name] = {"p50": None if p50 is None else round(p50, 1), "p95": None if p95 is None else round(p95, 1)}
+    rules = [r.end_of_turn["rule"] for r in reports if r.end_of_turn]
+    out["end_of_turn_rules"] = {rule: rules.count(rule) for rule in sorted(set(rules))}
     answered = [r for r in reports if r.voice_to_voice_ms is not None]
     out["within_budget"] = sum(r.within_budget for r in reports)
     out["budget_hit_rate"] = round(out["within_budget"] / len(reports), 3) if reports else None

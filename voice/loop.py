@@ -46,6 +46,7 @@ from .loop_events import (
 from .phrases import PhraseChunker
 from .playout import Playout
 from .protocols import ASR_RATE, Clock, Conversation, Sink, Synthesizer, Transcriber
+from .turn_end import TurnEndScorer
 from .turns import TurnEvent, TurnMachine, TurnState
 from .vad import Endpointer, EndpointerConfig, Pause, SpeechResumed, SpeechStarted, SpeechStopped, VadEvent
 from .vad import State as VadState
@@ -63,6 +64,9 @@ class Engines:
     #: ``project(stamps, llm_sim, budget_ms) -> dict | None``: a turn's ``simulated`` block from its measured stamps and the
     #: LLM's simulated seconds (``first_token``, ``first_phrase``); the CLI wires ``wafer.deploy.simulated_turn`` here.
     project: Callable[[dict, dict, float], dict | None] | None = None
+    #: P(the user's turn is over) from the text heard at a pause (``voice.turn_end``), on the conversation's generator;
+    #: None: turns end on silence alone.
+    turn_end: TurnEndScorer | None = None
 
 
 @dataclass
@@ -84,6 +88,7 @@ class _Response:
     gen: Iterator | None = None
     sim: dict = field(default_factory=dict)  # the LLM's simulated seconds from the reply's start: first_token, first_phrase
     due_s: float | None = None  # paced: the clock time before which its next piece may not be used
+    end_of_turn: dict | None = None  # the end-of-turn score and decision made at its pause (for the report)
 
     def stamp(self, name: str, t: float) -> None:
         self.stamps.setdefault(name, t)
@@ -122,6 +127,7 @@ class VoiceLoop:
         self.file_offsets: list[float] = []  # filled by drivers that play files
         self.non_speech = 0  # "utterances" whose transcript had no words
         self._prepare = False  # idle work pending: prefill the next turn's context
+        self._stop_ms: int | None = None  # an end-of-turn decision to hand to the endpointer after the piece of work
 
     def _emit(self, event: LoopEvent) -> None:
         if self.on_event is not None:
@@ -169,11 +175,14 @@ class VoiceLoop:
         """Input audio; any rate, any length."""
         pcm = self.input.append(chunk, may_forget=self._trace is None)
         self.vad.feed(pcm)
+        self._vad_events()
+        self._housekeeping()
+
+    def _vad_events(self) -> None:
         for ev in self.vad.events():
             if self._vad_offset:  # the endpointer counts from its last restart
                 ev = replace(ev, **{f.name: getattr(ev, f.name) + self._vad_offset for f in fields(ev) if f.name in _SAMPLE_FIELDS})
             self.on_vad(ev)
-        self._housekeeping()
 
     def on_vad(self, ev: VadEvent) -> None:
         """React to one endpointer event (sample positions since the loop began).  ``feed`` hands over the endpointer's
@@ -194,6 +203,7 @@ class VoiceLoop:
             case Pause():
                 if self.cfg.speculative and self._trace is not None and self._task is None:
                     self._spec = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=True)
+                    self._spec.stamp("pause", now)
             case SpeechResumed():
                 self._drop_spec()
             case SpeechStopped():
@@ -270,6 +280,7 @@ class VoiceLoop:
         self.turns.fire(TurnEvent.SPEECH_STOPPED)
         self._emit(UserSpeechStopped(first_voiced_sample=first, last_voiced_sample=last, endpoint_sample=self.input.end_sample))
         self._task = self._start(first, last, speculative=False)
+        self._task.end_of_turn = {"rule": "manual"}
         return True
 
     def respond_text(self, text: str) -> bool:
@@ -311,6 +322,7 @@ class VoiceLoop:
         return r
 
     def _drop_spec(self) -> None:
+        self._stop_ms = None
         if self._spec is not None:
             self._close(self._spec)
             self._spec = None
@@ -344,6 +356,7 @@ class VoiceLoop:
                     next(r.gen)
                 except StopIteration:
                     r.finished = True
+                self._apply_stop()
                 self._housekeeping()
                 return True
         if self._prepare_due():
@@ -357,6 +370,7 @@ class VoiceLoop:
     def _respond(self, r: _Response, audio: np.ndarray | None, text: str | None = None):
         clock = self.clock
         if text is None:
+            r.stamp("asr_start", clock.now())
             with clock.working():
                 tr = self.e.transcriber.transcribe(audio)
             r.transcript = tr.text.strip()
@@ -371,6 +385,9 @@ class VoiceLoop:
         yield
         if not _has_words(r.transcript):
             return
+        if r.speculative and self.cfg.end_of_turn is not None and self.e.turn_end is not None:
+            self._judge_turn_end(r)
+            yield
         chunker = PhraseChunker()
         llm = self.e.llm
         stream = llm.reply(r.transcript)
@@ -423,6 +440,28 @@ class VoiceLoop:
                 yield
         finally:
             synth.close()
+
+    def _judge_turn_end(self, r: _Response) -> None:
+        """Score the speculative transcript (P(the turn is over)) and pick the silence that closes the turn; the
+        endpointer gets it after this piece of work (``_apply_stop``)."""
+        with self.clock.working():
+            score = self.e.turn_end.score(self.e.llm.context(), r.transcript)
+        r.stamp("turn_end_score", self.clock.now())
+        decision = self.cfg.end_of_turn.decide(score, r.transcript)
+        r.end_of_turn = {"p_end": round(score.p_end, 4), "p_token": round(score.p_token, 5), "source": score.source,
+                         "rule": decision.rule, "stop_ms": decision.stop_ms, "eagerness": self.cfg.end_of_turn.eagerness}
+        if r is self._spec:
+            self._stop_ms = decision.stop_ms
+
+    def _apply_stop(self) -> None:
+        """Hand a pending end-of-turn decision to the endpointer, which may stop the turn at once (outside any
+        response's generator: the stop adopts or drops the speculative answer)."""
+        if self._stop_ms is None:
+            return
+        ms, self._stop_ms = self._stop_ms, None
+        if self._spec is not None and self.vad.state is VadState.PAUSED:
+            self.vad.set_stop_ms(ms)
+            self._vad_events()
 
     def _sim_stamp(self, r: _Response, name: str) -> None:
         if name not in r.sim:
@@ -488,6 +527,7 @@ class VoiceLoop:
             tr.mark(k, v)
         tr.transcript = r.transcript
         tr.reply = spoken
+        tr.end_of_turn = self._end_of_turn_info(r, tr)
         tr.mark("done", cut_at if cut_at is not None else max(self.clock.now(), self.playout.cursor))
         self.playout.next_answer()
         self._task = None
@@ -505,6 +545,14 @@ class VoiceLoop:
         self._emit(TurnEnded(transcript=r.transcript, spoken=spoken, reason=reason, report=report))
         if self.on_report:
             self.on_report(report)
+
+    def _end_of_turn_info(self, r: _Response, tr: TurnTrace) -> dict | None:
+        """What ended the user's turn: the end-of-turn score and rule when one decided it, else the plain silence."""
+        if "last_voiced" not in tr.stamps or "endpoint" not in tr.stamps:  # a typed turn
+            return None
+        info = dict(r.end_of_turn) if r.end_of_turn is not None else {"rule": "silence", "stop_ms": self.cfg.endpointer.stop_ms}
+        info["silence_ms"] = round((tr.stamps["endpoint"] - tr.stamps["last_voiced"]) * 1000, 1)
+        return info
 
     def _barge_in(self, ev: SpeechStarted, now: float) -> None:
         """The user speaks over the answer: stop the audio, keep what was heard."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .turn_end import TurnEndPolicy
 from .vad import EndpointerConfig
 
 #: The longest end-of-turn silence a client may ask for (ms): past it a turn would feel abandoned.
@@ -27,12 +28,18 @@ class LoopConfig:
     ack_after_ms: float = 400.0  # ... if no answer audio this long after the last voiced sample
     max_sentences: int = 2  # spoken-style answers: stop after this many sentences
     padding_ms: int = 200  # audio kept around the utterance for the ASR
-    #: The loop pauses earlier than the endpointer's own default (150 ms): speculative work that
-    #: starts 30 ms sooner is 30 ms of budget; a false pause costs one discarded transcription.
-    endpointer: EndpointerConfig = field(default_factory=lambda: EndpointerConfig(pause_ms=120))
+    #: The loop pauses earlier than the endpointer's own default (150 ms): the speculative work and the end-of-turn
+    #: score start there, and a confident end closes when both are done (~90 + 60 ASR + 15 score ms of silence), so
+    #: every ms of the pause is a ms of endpoint; a false pause (a stop consonant's closure) costs one discarded
+    #: transcription, on a CPU that is idle while the user speaks.
+    endpointer: EndpointerConfig = field(default_factory=lambda: EndpointerConfig(pause_ms=90))
     turn_detection: bool = True  # False: turns end only by ``commit_input()`` (the VAD still runs, for bounds)
     barge_in: bool = True  # speech over the answer interrupts it (False: speech while speaking is ignored)
     pace: bool = False  # the answer follows the simulated deployment's clock (see the module docstring)
+    #: Semantic end of turn (``voice.turn_end``): at each pause the speculative transcript is scored and the policy picks
+    #: the silence that closes the turn (a confident end sooner, an unfinished one later); None: ``endpointer.stop_ms``
+    #: alone, as ``server_vad``.  Needs ``speculative`` and the engines' ``turn_end`` scorer.
+    end_of_turn: TurnEndPolicy | None = field(default_factory=TurnEndPolicy)
 
     def with_turn_detection(self, *, threshold: float, silence_duration_ms: int, prefix_padding_ms: int,
                             interrupt_response: bool) -> LoopConfig:
@@ -42,7 +49,13 @@ class LoopConfig:
         ep = replace(self.endpointer, aggressiveness=min(3, int(threshold * 4)),
                      stop_ms=min(MAX_STOP_MS, max(self.endpointer.pause_ms + STOP_OVER_PAUSE_MS, silence_duration_ms)))
         return replace(self, turn_detection=True, barge_in=interrupt_response, endpointer=ep,
-                       padding_ms=min(MAX_PADDING_MS, prefix_padding_ms))
+                       padding_ms=min(MAX_PADDING_MS, prefix_padding_ms), end_of_turn=None)
+
+    def with_semantic_turn_detection(self, *, eagerness: str, interrupt_response: bool) -> LoopConfig:
+        """The settings for a client's ``semantic_vad``: the end-of-turn policy at ``eagerness`` (low, medium, high,
+        auto), on the loop's own endpointer settings."""
+        return replace(self, turn_detection=True, barge_in=interrupt_response, end_of_turn=TurnEndPolicy.named(eagerness),
+                       endpointer=replace(self.endpointer, stop_ms=LoopConfig().endpointer.stop_ms))
 
     def manual(self) -> LoopConfig:
         """Turns end only when the client commits its input."""

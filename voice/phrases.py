@@ -52,12 +52,14 @@ class Phrase:
 @dataclass(frozen=True, slots=True)
 class PhraseConfig:
     """Defaults: ``min_first_words=1`` so an opener like "Sure," or "Yes," is spoken at once
-    (the cheapest TTS call there is); ``max_first_words=6`` bounds the first phrase's LLM and TTS
-    cost (~6-8 tokens, ~50 ms with piper) when no clause mark comes; ``max_words=25`` keeps one TTS call under
-    ~200 ms while leaving whole sentences intact in practice."""
+    (the cheapest TTS call there is); ``max_first_words=3`` bounds the first phrase's LLM and TTS
+    cost when no clause mark comes: 4-5 tokens, and piper's first audio in ~30-35 ms ("We are at")
+    where 4 words took ~50 ms and 6 ~80 ms (2026-12-03, this VM); the rest of the sentence is
+    synthesized while the first phrase plays.  ``max_words=25`` keeps one TTS call under ~200 ms while
+    leaving whole sentences intact in practice."""
 
     min_first_words: int = 1
-    max_first_words: int = 6
+    max_first_words: int = 3
     max_words: int = 25
 
     def __post_init__(self) -> None:

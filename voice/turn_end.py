@@ -1,55 +1,209 @@
-"""P(the user's turn is over), from the text heard so far, with the decode core itself.
+"""End of turn: P(the user's turn is over) from the text heard so far, and the silence to wait for it.
 
-The chat model ends a user message with its end-of-message token (``<|im_end|>`` for
-SmolLM2).  After the user's text in the chat template, the probability it gives that token is
-how sure it is that nothing more follows: text turn detectors work this way (LiveKit's first
-English one was a fine-tuned SmolLM2-135M).  Ours is zero-shot, on the conversation's own
-generator: scoring brings the KV cache up to the end of the user's text, which is the prefix
-of the answer's prompt, so a speculative answer started after it computes only the few tokens
+The score comes from the decode core itself.  The chat model ends a user message with its
+end-of-message token (``<|im_end|>`` for SmolLM2); after the user's text in the chat template, the
+probability it gives that token is how sure it is that nothing more follows.  Text turn detectors
+work this way (LiveKit's first English one was a fine-tuned SmolLM2-135M).  Scoring runs on the
+conversation's own generator and brings its KV cache up to the end of the user's text, which is the
+prefix of the answer's prompt: a speculative answer started after it computes only the few tokens
 that open the assistant's turn.
 
-Measured zero-shot on the default model (2026-12-03, system line only, Whisper-style
-punctuation): questions 0.51-0.83 ("What time do you open tomorrow morning?" 0.76); fragments
-("I'd like to order", "my number is five five five", "so, um,", "What time do you") below 0.001;
-but short statements are low too ("Thank you." 0.002, "Yes." 0.024): a threshold alone would
-make them wait, so the policy that uses this score needs calibration (see the issue notes).
+Zero-shot, that probability separates questions from fragments but not statements from fragments
+(2026-12-03, default model and persona): "What time do you open tomorrow morning?" 0.76,
+"I'd like to order" < 0.001, but "Thank you." 0.002 and "Yes." 0.024.  So it is one feature of a
+small logistic head, trained by ``voice.turn_end_train`` on a generated, labelled set (complete
+utterances, and the same cut at word boundaries, with and without ASR-style punctuation) over the
+model's final hidden state at the end of the user's text.  The head is tied to the model it was
+trained on (``model_key``); for another model the raw probability is used, with thresholds of its own.
+
+``TurnEndPolicy`` turns a score into the silence that closes the turn (a sans-I/O rule: no clock),
+by eagerness, as OpenAI's ``semantic_vad`` names it: a confident end closes after a short silence, an
+unfinished turn waits up to about a second, anything else waits the plain silence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from decode import Generator
+#: The head trained for the default model (``python -m voice.turn_end_train`` writes it).
+HEAD_PATH = Path(__file__).with_name("turn_end_head.npz")
+
+
+def model_key(model) -> str:
+    """What a head is tied to: the architecture's shape and a digest of the output norm's weights."""
+    cfg = model.config
+    digest = hashlib.sha256(np.ascontiguousarray(model.weights.output_norm).tobytes()).hexdigest()[:16]
+    return f"{cfg.n_layers}x{cfg.d_model}/{cfg.vocab_size}/{digest}"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEndHead:
+    """Logistic regression over ``[hidden (d_model), log P(end token)]``, standardized."""
+
+    weights: np.ndarray  # (d_model + 1,) f64
+    bias: float
+    mean: np.ndarray  # (d_model + 1,)
+    scale: np.ndarray  # (d_model + 1,)
+    model_key: str
+    info: dict  # how it was trained and how it scored (for reports)
+
+    def p_end(self, features: np.ndarray) -> float:
+        z = float(((features - self.mean) / self.scale) @ self.weights + self.bias)
+        return float(1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0))))
+
+    def save(self, path: Path) -> None:
+        np.savez(path, weights=self.weights, bias=np.float64(self.bias), mean=self.mean, scale=self.scale,
+                 model_key=np.array(self.model_key), info=np.array(json.dumps(self.info)))
+
+    @classmethod
+    def load(cls, path: Path) -> TurnEndHead:
+        """A head file; raises ``ValueError`` naming the file when it cannot be used."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                head = cls(weights=z["weights"].astype(np.float64), bias=float(z["bias"]), mean=z["mean"].astype(np.float64),
+                           scale=z["scale"].astype(np.float64), model_key=str(z["model_key"]), info=json.loads(str(z["info"])))
+        except (OSError, KeyError, ValueError) as exc:
+            raise ValueError(f"bad turn-end head {path}: {exc}") from None
+        n = head.weights.shape[0]
+        if head.weights.ndim != 1 or head.mean.shape != (n,) or head.scale.shape != (n,) or not np.all(head.scale > 0):
+            raise ValueError(f"bad turn-end head {path}: inconsistent shapes")
+        return head
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEndScore:
+    p_end: float  # P(the turn is over): the head's, or the raw token probability without one
+    p_token: float  # the model's raw P(end-of-message token)
+    source: str  # "head" or "zero-shot"
 
 
 class TurnEndScorer:
-    """Scores user text against a conversation's context on ``generator`` (its prefix cache is
-    used and left at the end of the user's text)."""
+    """Scores user text against a conversation on its generator (whose prefix cache is used and left
+    at the end of the user's text).  ``head`` None: zero-shot."""
 
-    def __init__(self, generator: Generator):
+    def __init__(self, generator, head: TurnEndHead | None = None):
         self.generator = generator
-        self.end_id = self._end_token()
+        self.end_id = end_token(generator)
+        self.head = head
 
-    def _end_token(self) -> int:
-        """The token the template puts right after a user message's text: the last stop token of
-        a rendered one-message conversation."""
-        g = self.generator
-        ids = g.encode_chat([{"role": "user", "content": "Hello."}], add_generation_prompt=False)
-        for t in reversed(ids):
-            if t in g.tokenizer.stop_ids:
-                return int(t)
-        raise ValueError("the chat template ends a user message with no stop token: no end-of-turn score")
+    @classmethod
+    def for_model(cls, generator, path: Path = HEAD_PATH) -> TurnEndScorer:
+        """With the committed head when it was trained on this generator's model, else zero-shot."""
+        head = None
+        if path.is_file():
+            head = TurnEndHead.load(path)
+            if head.model_key != model_key(generator.model):
+                head = None
+        return cls(generator, head)
 
-    def prefix_ids(self, context: Sequence[dict], text: str) -> list[int]:
+    def prefix_ids(self, context, text: str) -> list[int]:
+        text = normalize(text)
         """The conversation with ``text`` as the user's message, up to (not including) its end token."""
         ids = self.generator.encode_chat(list(context) + [{"role": "user", "content": text}], add_generation_prompt=False)
         last = len(ids) - 1 - ids[::-1].index(self.end_id)
         return ids[:last]
 
-    def score(self, context: Sequence[dict], text: str) -> float:
-        """P(end of message | context, the user's ``text``), in [0, 1]."""
+    def features(self, context, text: str) -> tuple[np.ndarray, float]:
+        """The head's input for ``text`` after ``context``, and the raw P(end token)."""
         logits = self.generator.logits_after(self.prefix_ids(context, text)).astype(np.float64)
-        p = np.exp(logits - logits.max())
-        return float(p[self.end_id] / p.sum())
+        hidden = self.generator.last_hidden().astype(np.float64)
+        logp = logits - logits.max()
+        logp -= np.log(np.exp(logp).sum())
+        lp_end = float(logp[self.end_id])
+        return np.concatenate([hidden, [lp_end]]), float(np.exp(lp_end))
+
+    def score(self, context, text: str) -> TurnEndScore:
+        feats, p_token = self.features(context, text)
+        if self.head is None:
+            return TurnEndScore(p_end=p_token, p_token=p_token, source="zero-shot")
+        return TurnEndScore(p_end=self.head.p_end(feats), p_token=p_token, source="head")
+
+    def p_end(self, context, text: str) -> float:
+        return self.score(context, text).p_end
+
+
+_SOFT_END = ".,;:…-–— "
+
+
+def normalize(text: str) -> str:
+    """The user's text as scored: without a closing period, comma or ellipsis, which an ASR writes
+    at a pause whether the turn is over or not ("I'd like to order." is a fragment); a question or
+    exclamation mark stays (it is read from the words and the pitch)."""
+    stripped = text.strip().rstrip(_SOFT_END)
+    return stripped or text.strip()
+
+
+def end_token(generator) -> int:
+    """The token the template puts right after a user message's text: the last stop token of a
+    rendered one-message conversation."""
+    ids = generator.encode_chat([{"role": "user", "content": "Hello."}], add_generation_prompt=False)
+    for t in reversed(ids):
+        if t in generator.tokenizer.stop_ids:
+            return int(t)
+    raise ValueError("the chat template ends a user message with no stop token: no end-of-turn score")
+
+
+# -- the policy ---------------------------------------------------------------------------------
+
+#: Silences (ms) by eagerness: (confident end, anything else, unfinished).  ``auto`` is ``medium``.
+EAGERNESS = {
+    "high": (160, 400, 700),
+    "medium": (200, 500, 1000),
+    "low": (300, 700, 1500),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    stop_ms: int  # the silence after the last voiced sample that closes the turn
+    rule: str  # "confident", "short", "unsure", "unfinished"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEndPolicy:
+    """A score and the words heard in, the silence to wait out.  ``confident``/``unfinished``:
+    thresholds on ``p_end`` (the head's; a zero-shot score has its own, ``ZERO_SHOT_THRESHOLDS``).
+
+    A confident end on fewer than ``min_words`` words waits the middle silence instead (rule
+    "short"): a turn often opens with a word or two and a comma's pause ("Hi, what time do you
+    open?", "Sorry, who owns it?"), which heard alone is a whole greeting."""
+
+    eagerness: str = "medium"
+    confident: float = 0.5
+    unfinished: float = 0.2
+    min_words: int = 3
+
+    def __post_init__(self) -> None:
+        if self.eagerness not in EAGERNESS:
+            raise ValueError(f"eagerness must be one of {', '.join(EAGERNESS)} or auto, got {self.eagerness!r}")
+        if not 0.0 <= self.unfinished <= self.confident <= 1.0:
+            raise ValueError(f"need 0 <= unfinished <= confident <= 1, got {self.unfinished}, {self.confident}")
+
+    @classmethod
+    def named(cls, eagerness: str = "auto", **kw) -> TurnEndPolicy:
+        return cls(eagerness="medium" if eagerness == "auto" else eagerness, **kw)
+
+    @property
+    def max_stop_ms(self) -> int:
+        return EAGERNESS[self.eagerness][2]
+
+    def decide(self, score: TurnEndScore, text: str = "") -> Decision:
+        short, mid, long = EAGERNESS[self.eagerness]
+        confident, unfinished = (self.confident, self.unfinished) if score.source == "head" else ZERO_SHOT_THRESHOLDS
+        if score.p_end >= confident:
+            if len(text.split()) < self.min_words:
+                return Decision(mid, "short")
+            return Decision(short, "confident")
+        if score.p_end < unfinished:
+            return Decision(long, "unfinished")
+        return Decision(mid, "unsure")
+
+
+#: Without a head: questions score 0.5-0.8, fragments < 0.001, statements anywhere from 0.002 up,
+#: so only a likely question closes early and only a near-zero score waits long.
+ZERO_SHOT_THRESHOLDS = (0.3, 0.001)

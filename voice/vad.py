@@ -210,6 +210,7 @@ class Endpointer:
         self._start_need = math.ceil(c.start_ratio * self._start_frames - 1e-9)
         self._pause_frames = c.frames(c.pause_ms)
         self._stop_frames = c.frames(c.stop_ms)
+        self._stop_now = self._stop_frames  # the stop silence for the current pause (``set_stop_ms``)
         self._pad = c.rate * c.padding_ms // 1000
         self.reset()
 
@@ -224,6 +225,8 @@ class Endpointer:
         self._first_voiced = 0  # frame indices of the current utterance (or group of voiced frames)
         self._last_voiced = -self._stop_frames
         self._events: list[VadEvent] = []
+        self._stop_now = self._stop_frames
+        self._settled_last = -1  # the last frame whose trimmed decision is known
         self._energy: deque[float] = deque(maxlen=max(1, self.config.frames(self.config.floor_window_ms)))
         self._loud: deque[bool] = deque(maxlen=self._oh_long + 2)  # energy verdicts of frames not yet settled
 
@@ -252,6 +255,25 @@ class Endpointer:
         gate = self.config.noise_gate_db
         self._loud.append(gate is None or energy_db > min(self._energy) + gate)
 
+    def set_stop_ms(self, ms: int | None) -> None:
+        """The silence that ends the turn at the current pause: the end-of-turn policy's decision
+        (``voice.turn_end``); None restores ``config.stop_ms``.  It holds until the voice resumes or
+        the turn stops.  Set while paused and already exceeded, the stop is emitted now (at the
+        samples fed so far); set while not paused, it is ignored."""
+        if self._state is not State.PAUSED:
+            return
+        self._stop_now = self._stop_frames if ms is None else self.config.frames(max(1, int(ms)))
+        if self._settled_last - self._last_voiced >= self._stop_now and not any(self._window):
+            sample = self._frames_in * self._frame
+            self._emit(SpeechStopped(sample=sample, **self._bounds(sample)))
+
+    @property
+    def silence_ms(self) -> float:
+        """Silence since the last voiced frame, as far as it is settled (ms; 0 while voiced)."""
+        if self._state is State.SILENCE:
+            return 0.0
+        return max(0, self._settled_last - self._last_voiced) * self.config.frame_ms
+
     def events(self) -> list[VadEvent]:
         out, self._events = self._events, []
         return out
@@ -274,6 +296,7 @@ class Endpointer:
 
     def _settled(self, j: int, voiced: bool, sample: int) -> None:
         """Trimmed decision for frame ``j``, known at ``sample``: drive the state machine."""
+        self._settled_last = j
         back = self._frames_in - 1 - j  # frame j's energy verdict, counted from the newest
         voiced = voiced and (back >= len(self._loud) or self._loud[-1 - back])
         self._window.append(voiced)
@@ -295,7 +318,7 @@ class Endpointer:
         elif onset:  # PAUSED, and the voice is back (as sure as for a start; a click is not)
             self._last_voiced = j
             self._emit(SpeechResumed(sample=sample))
-        elif j - self._last_voiced >= self._stop_frames and not any(self._window):
+        elif j - self._last_voiced >= self._stop_now and not any(self._window):
             # (a voiced frame in the window may be the voice coming back: wait for it to settle)
             self._emit(SpeechStopped(sample=sample, **self._bounds(sample)))
 
@@ -311,4 +334,6 @@ class Endpointer:
 
     def _emit(self, event: VadEvent) -> None:
         self._state = next_state(self._state, event)
+        if not isinstance(event, Pause):  # a stop decided at one pause holds for that pause only
+            self._stop_now = self._stop_frames
         self._events.append(event)

@@ -189,3 +189,33 @@ def test_without_speculation_the_answer_still_plays(engines):
     assert "speculative" not in r.mitigations
     assert r.latency_ms["asr_ms"] > 0  # transcribed after the endpoint
     assert r.voice_to_voice_ms is not None and "harbor" in r.reply.lower()
+
+
+def test_end_of_turn_is_decided_and_reported(played):
+    """Every sample is a complete question: the end-of-turn policy closes it after a short silence,
+    and each report says the score, the rule and the silence waited."""
+    from voice.turn_end import EAGERNESS
+
+    reports = [r for _, reps, _, _ in played.values() for r in reps]
+    short = EAGERNESS["medium"][0]
+    confident = [r for r in reports if r.end_of_turn["rule"] == "confident"]
+    assert len(confident) >= len(reports) - 1, [(r.transcript, r.end_of_turn) for r in reports]
+    for r in confident:
+        eot = r.end_of_turn
+        assert eot["source"] == "head" and eot["p_end"] >= 0.5 and eot["stop_ms"] == short
+        assert short - 30 <= eot["silence_ms"] < short + 150, eot  # a frame of 30 ms, and the score's own time
+        assert eot["silence_ms"] == pytest.approx(r.latency_ms["endpoint_ms"], abs=0.2)
+        work = r.work_ms
+        assert work["asr_run_ms"] > 0 and work["turn_end_score_ms"] > 0 and work["critical_path_ms"] > work["asr_run_ms"]
+
+
+def test_server_vad_keeps_plain_silence(engines):
+    from voice.loop_config import LoopConfig
+
+    engines.llm.reset()
+    cfg = LoopConfig().with_turn_detection(threshold=0.5, silence_duration_ms=500, prefix_padding_ms=300,
+                                           interrupt_response=True)
+    reports, _ = play_conversation(engines, [SAMPLES / "visit_01_address.wav"], realtime=False, config=cfg)
+    (r,) = reports
+    assert r.end_of_turn["rule"] == "silence" and r.end_of_turn["stop_ms"] == 500
+    assert r.latency_ms["endpoint_ms"] >= 500 - 30

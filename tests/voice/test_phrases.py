@@ -54,7 +54,7 @@ def test_first_phrase_clause_marks(text, first):
 
 
 def test_min_first_words():
-    config = PhraseConfig(min_first_words=3)
+    config = PhraseConfig(min_first_words=3, max_first_words=6)
     assert texts("Sure, we open at 7, see you there.", config) == ["Sure, we open at 7,", "see you there."]
     assert texts("Hi. We open at nine.", config) == ["Hi.", "We open at nine."]  # a sentence end always cuts
 
@@ -68,11 +68,11 @@ def test_first_phrase_forced_after_max_first_words():
     assert [p.text for p in chunker.flush()] == ["nine ten eleven"]
 
 
-def test_default_first_phrase_is_at_most_six_words():
+def test_default_first_phrase_is_at_most_three_words():
     chunker = PhraseChunker()
     chunker.feed("We are open from 7 am to 6 pm.")
-    assert [p.text for p in chunker.drain()] == ["We are open from 7 am"]
-    assert [p.text for p in chunker.flush()] == ["to 6 pm."]
+    assert [p.text for p in chunker.drain()] == ["We are open"]
+    assert [p.text for p in chunker.flush()] == ["from 7 am to 6 pm."]
 
 
 def test_later_phrases_end_at_sentences_not_clauses():

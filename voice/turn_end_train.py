@@ -1,0 +1,230 @@
+"""Train the end-of-turn head (``voice.turn_end``) on a generated, labelled set of user texts.
+
+    .venv/bin/python -m voice.turn_end_train [--model GGUF] [--out voice/turn_end_head.npz]
+
+The set is ours, built from the lists below (deterministic, seeded):
+- complete turns: questions, requests, statements and short replies, as Whisper writes them
+  (capitalized, closing punctuation; sometimes without it);
+- unfinished turns: the same utterances cut at word boundaries (ending bare, with a comma, an
+  ellipsis or the period an ASR adds at a pause), and hesitations ("so, um,").
+Each text is scored after two contexts (the default persona, and a bare system line) on the real
+decode core; the features are the final hidden state at the end of the user's text and the log
+probability of the end-of-message token.  A logistic regression with an L2 penalty is fitted by
+Newton's method (NumPy), checked on a held-out fifth of the utterances (grouped: no utterance has
+its cuts on both sides), and then refitted on everything.  Prints the held-out accuracy and the
+rates at the policy's thresholds, and saves them in the head file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+# -- the set ------------------------------------------------------------------------------------
+
+QUESTIONS = [
+    "What time do you open tomorrow morning?", "Where are you located?", "How much does a croissant cost?",
+    "Who is the owner?", "What is your address?", "How much is the croissant?", "What time does the bakery open?",
+    "Who owns the bakery?", "Is delivery free?", "Where can I find your bakery?", "What time do you open?",
+    "Who is the owner of Bright Bakery?", "Are you open on Mondays?", "Do you deliver to my area?",
+    "What time do you close on Sunday?", "How much is a sourdough loaf?", "Do you have gluten free bread?",
+    "Can I order a birthday cake for Saturday?", "Do you take credit cards?", "Is there parking nearby?",
+    "Can I pick up my order at noon?", "What are your opening hours?", "How late are you open today?",
+    "Do you sell coffee?", "What kind of bread do you have?", "Can you tell me the price of a baguette?",
+    "Are the croissants fresh every morning?", "How long does delivery take?", "Is the bakery open on holidays?",
+    "What's the minimum order for free delivery?", "Could you repeat that?", "What did you say?",
+    "Can I speak to Maria?", "Do you have vegan options?", "How do I get there from the station?",
+    "What's the weather like today?", "Can you help me?", "Are you a robot?", "What's your name?",
+    "How are you today?", "What time is it?", "Do you make wedding cakes?", "Is it far from the harbor?",
+    "When do you close?", "How much for two loaves?", "Can I reserve a table?", "What's in the sourdough?",
+    "Do you have anything without nuts?", "Could I get a dozen croissants by Friday?",
+    "Is the shop wheelchair accessible?", "Why are you closed on Mondays?", "Which bus stops near you?",
+]
+REQUESTS = [
+    "I'd like to order two croissants.", "I need a birthday cake for Saturday.", "I want to place an order for delivery.",
+    "Please send me the menu.", "I'd like to book a table for four at seven.", "I need two loaves of sourdough.",
+    "Put me down for a dozen croissants.", "I'll pick it up at noon.", "Please deliver it to 5 Oak Road.",
+    "I'd like to speak to the owner.", "Tell me a joke.", "Give me your address again.",
+    "Cancel my order, please.", "I need bread, milk, and some eggs.", "Add a chocolate cake to my order.",
+    "I want the cheapest bread you have.", "Call me back tomorrow morning.", "Read me the opening hours.",
+    "I would like to order a cake with strawberries.", "Please tell me when you open on Sunday.",
+]
+STATEMENTS = [
+    "My name is John Smith.", "My number is 555 1234.", "My phone number is 555 867 5309.",
+    "I live on Harbor Street.", "I was there yesterday and it was great.", "The croissants were delicious.",
+    "I'm calling about my order.", "I ordered a cake last week.", "It's for my daughter's birthday.",
+    "We are having a party on Saturday.", "I'm allergic to nuts.", "My order number is 4 7 2 9.",
+    "I think I left my umbrella at your shop.", "The delivery was late today.", "I'm just looking for information.",
+    "I'm new in town.", "That sounds expensive.", "That's a bit far for me.", "I'll come by later.",
+    "My address is 14 Elm Street, apartment 3.", "I have a question about your bread.",
+    "My number is 555 123 4567.", "My phone number is five five five, one two three, four five six seven.",
+    "The order number is 8 8 4 1 2.", "My zip code is 9 4 1 0 7.", "You can reach me at 212 555 0199.",
+    "It's 42 Maple Avenue.", "The card ends in 4 4 1 9.", "My number is 0 7 7 0 0 9 0 0 1 2 3.",
+    "I'd like two croissants, a baguette, and a sourdough loaf.", "We need it by Saturday at 10 in the morning.",
+    "I'll have a coffee and a croissant.", "It's for twelve people.", "I'd like to order a chocolate cake for Friday.",
+    "My email is anna at example dot com.", "My name is Anna Lee, L E E.", "The cake should say happy birthday Tom.",
+]
+SHORT = [
+    "Yes.", "No.", "Yes, please.", "No, thanks.", "Thank you.", "Thanks!", "Thanks a lot.", "Okay.", "Sure.",
+    "That's all.", "That's it.", "Great.", "Perfect.", "Goodbye.", "Bye.", "Hello.", "Hi there.", "Sounds good.",
+    "Got it.", "Alright, thank you.", "Never mind.", "No, that's everything.", "Yes, that's right.", "Exactly.",
+    "Okay, thanks.", "Wonderful, thank you so much.", "Hi.", "Hello, is this the bakery?", "Nope.", "Yeah.",
+]
+#: Unfinished turns that are not cuts of the above: hesitations and openers.
+HESITATIONS = [
+    "So, um,", "Um,", "Uh,", "Well,", "So", "And", "Hmm, let me think.", "Um, I think", "Uh, I was wondering if",
+    "Well, I was going to ask", "Let me see,", "The thing is,", "So, um, I'd like to", "Okay, so", "And also,",
+    "My number is five five five,", "My number is 555,", "I'd like to order", "Can I get a", "The address is 12",
+    "I need", "I was wondering", "What time do you", "Could you tell me", "Actually,", "Wait,",
+    "I'd like to order...", "So, um...", "My number is 555...", "I want to get a", "Is it possible to",
+    "My number is 555 123", "My number is five five five, one two three", "The order number is 8 8",
+    "I'd like two croissants, a baguette,", "I want to order a cake for", "It's for", "We need it by",
+    "Can you deliver it to", "I'd like to order, um,", "Let me check, it's", "My name is", "The address is",
+    "And then", "Plus", "Also, um", "I was thinking maybe", "Could I have", "I'd like the",
+]
+#: Words a turn rarely ends on: a cut after one is always unfinished.
+OPEN_WORDS = {"the", "a", "an", "to", "and", "or", "but", "of", "for", "with", "my", "your", "is", "are", "at",
+              "in", "on", "from", "um", "uh", "so", "if", "that", "like", "get", "some", "be", "do", "can", "i",
+              "i'd", "i'm", "what", "how", "when", "where", "could", "would", "about", "by", "this", "it's"}
+CONTEXTS = ("persona", "bare")
+
+
+def complete_texts() -> list[str]:
+    return QUESTIONS + REQUESTS + STATEMENTS + SHORT
+
+
+def variants_complete(text: str, rng: random.Random) -> list[str]:
+    """A complete turn as an ASR may write it: as is, and sometimes without its closing mark."""
+    out = [text]
+    if rng.random() < 0.25 and text[-1] in ".?!":
+        out.append(text[:-1])
+    return out
+
+
+def cuts(text: str, rng: random.Random) -> list[str]:
+    """The text cut at word boundaries (at least one word gone), each with an ASR-style ending."""
+    words = text.rstrip(".?!").split()
+    out = []
+    for k in range(1, len(words)):
+        prefix = " ".join(words[:k]).rstrip(",")
+        if words[k - 1].lower().strip(",") not in OPEN_WORDS and len(words) - k < 2:
+            continue  # one word short of the end: often a turn of its own ("I need two loaves of")
+        out.append(prefix + rng.choice(["", ",", "...", "."]))
+    rng.shuffle(out)
+    return out[:5]
+
+
+def labelled_set(seed: int = 7) -> list[tuple[str, int, int]]:
+    """(text, label 1 = complete, group) triples; a group is one source utterance."""
+    rng = random.Random(seed)
+    rows = []
+    for g, text in enumerate(complete_texts()):
+        rows += [(t, 1, g) for t in variants_complete(text, rng)]
+        rows += [(t, 0, g) for t in cuts(text, rng)]
+    base = len(complete_texts())
+    rows += [(t, 0, base + i) for i, t in enumerate(HESITATIONS)]
+    return rows
+
+
+# -- fitting ------------------------------------------------------------------------------------
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float, iters: int = 30) -> tuple[np.ndarray, float]:
+    """Weights and bias of an L2-penalized logistic regression (classes weighted equally), by Newton."""
+    n, d = x.shape
+    sw = np.where(y == 1, 0.5 / max(1, y.sum()), 0.5 / max(1, (1 - y).sum())) * n
+    xa = np.hstack([x, np.ones((n, 1))])
+    w = np.zeros(d + 1)
+    pen = np.full(d + 1, l2)
+    pen[-1] = 0.0
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-np.clip(xa @ w, -40, 40)))
+        grad = xa.T @ (sw * (p - y)) + pen * w
+        hess = (xa * (sw * p * (1 - p))[:, None]).T @ xa + np.diag(pen + 1e-9)
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return w[:-1], float(w[-1])
+
+
+def rates(p: np.ndarray, y: np.ndarray, confident: float, unfinished: float) -> dict:
+    """What the policy's thresholds do: complete turns closed early, unfinished ones closed early."""
+    return {
+        "complete_confident": round(float(np.mean(p[y == 1] >= confident)), 3),
+        "complete_unfinished": round(float(np.mean(p[y == 1] < unfinished)), 3),
+        "unfinished_confident": round(float(np.mean(p[y == 0] >= confident)), 3),
+        "unfinished_not_waiting": round(float(np.mean(p[y == 0] >= unfinished)), 3),
+        "accuracy": round(float(np.mean((p >= 0.5) == (y == 1))), 3),
+    }
+
+
+def contexts(llm_opening: list[dict]) -> dict[str, list[dict]]:
+    return {"persona": llm_opening, "bare": [{"role": "system", "content": "You are a helpful phone assistant."}]}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="GGUF file (default: the bundled SmolLM2-135M-Instruct)")
+    ap.add_argument("--out", type=Path, default=None, help="head file to write (default: voice/turn_end_head.npz)")
+    ap.add_argument("--l2", type=float, default=100.0, help="L2 penalty on the standardized weights")
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args(argv)
+
+    from decode import Generator, Model
+
+    from .engines import one_blas_thread
+    from .llm import Persona
+    from .turn_end import HEAD_PATH, TurnEndHead, TurnEndPolicy, TurnEndScorer, model_key
+
+    one_blas_thread()
+    gen = Generator(model=Model(args.model))
+    scorer = TurnEndScorer(gen)
+    rows = labelled_set(args.seed)
+    ctxs = contexts(Persona().opening())
+    feats, ys, groups = [], [], []
+    t0 = time.perf_counter()
+    for ci, (name, ctx) in enumerate(ctxs.items()):
+        for i, (text, label, g) in enumerate(rows):
+            f, _ = scorer.features(ctx, text)
+            feats.append(f)
+            ys.append(label)
+            groups.append(g)
+            if i % 100 == 0:
+                print(f"  {name}: {i}/{len(rows)} texts scored ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    x, y, groups = np.array(feats), np.array(ys, dtype=np.float64), np.array(groups)
+    mean, scale = x.mean(axis=0), x.std(axis=0) + 1e-6
+    xs = (x - mean) / scale
+    policy = TurnEndPolicy()
+
+    rng = np.random.default_rng(args.seed)
+    held = np.isin(groups, rng.permutation(np.unique(groups))[: len(np.unique(groups)) // 5])
+    w, b = fit_logistic(xs[~held], y[~held], args.l2)
+    p_held = 1.0 / (1.0 + np.exp(-(xs[held] @ w + b)))
+    held_rates = rates(p_held, y[held], policy.confident, policy.unfinished)
+    zero = np.exp(x[:, -1])
+    zero_rates = rates(zero[held], y[held], 0.3, 0.001)
+    for c in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7):
+        print(f"  threshold {c:.1f}: complete closed early {np.mean(p_held[y[held] == 1] >= c):.3f}, "
+              f"unfinished closed early {np.mean(p_held[y[held] == 0] >= c):.3f}", file=sys.stderr)
+    w, b = fit_logistic(xs, y, args.l2)
+    p_all = 1.0 / (1.0 + np.exp(-(xs @ w + b)))
+    info = {"texts": len(rows), "contexts": list(ctxs), "rows": int(len(y)), "complete": int(y.sum()), "l2": args.l2,
+            "seed": args.seed, "held_out": held_rates, "zero_shot_held_out": zero_rates,
+            "train": rates(p_all, y, policy.confident, policy.unfinished)}
+    head = TurnEndHead(weights=w, bias=b, mean=mean, scale=scale, model_key=model_key(gen.model), info=info)
+    out = args.out or HEAD_PATH
+    head.save(out)
+    print(f"{len(y)} rows ({int(y.sum())} complete) in {time.perf_counter() - t0:.0f} s")
+    print(f"held out (head):      {held_rates}")
+    print(f"held out (zero-shot): {zero_rates}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
