@@ -202,6 +202,8 @@ class RealtimeSession:
             td = cfg.turn_detection
             if td is None:
                 lc = self.loop.cfg.manual()
+            elif td.type == "semantic_vad":
+                lc = self.loop.cfg.with_semantic_turn_detection(eagerness=td.eagerness, interrupt_response=td.interrupt_response)
             else:
                 lc = self.loop.cfg.with_turn_detection(threshold=td.threshold, silence_duration_ms=td.silence_duration_ms,
                                                        prefix_padding_ms=td.prefix_padding_ms,

@@ -1,7 +1,7 @@
 """The negotiated session configuration of a Realtime session, and its validation from ``session.update``.
 
 Owns: ``SessionConfig`` (instructions, voice, output modalities, input/output PCM rates) and ``TurnDetection``
-(``server_vad``, the only type we run), their wire form (the ``session`` object of ``session.created`` /
+(``semantic_vad``, the default: our end-of-turn model, ``voice.turn_end``; or ``server_vad``: silence alone), their wire form (the ``session`` object of ``session.created`` /
 ``session.updated``), and ``apply_session_update``: a ``session.update`` message checked field by field and
 applied all or nothing.  Also the field readers the codec shares (``read``, ``nonneg``, ``FieldError``).
 
@@ -18,20 +18,34 @@ DEFAULT_RATE = 24000
 MIN_RATE, MAX_RATE = 8000, 48000
 
 
+TURN_DETECTION_TYPES = ("server_vad", "semantic_vad")
+EAGERNESS = ("low", "medium", "high", "auto")
+#: The fields each type has on the wire (openai's ``ServerVad`` / ``SemanticVad``).
+_WIRE_FIELDS = {
+    "server_vad": ("threshold", "prefix_padding_ms", "silence_duration_ms", "create_response", "interrupt_response",
+                   "idle_timeout_ms"),
+    "semantic_vad": ("eagerness", "create_response", "interrupt_response"),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class TurnDetection:
-    """``audio.input.turn_detection`` of type ``server_vad`` (the only type we run).  The defaults are
-    our endpointer's (``voice.vad``), not OpenAI's 300 / 500 ms: every ms of silence is spent from the budget."""
+    """``audio.input.turn_detection``.  ``server_vad``: the turn ends after ``silence_duration_ms`` of silence;
+    the defaults are our endpointer's (``voice.vad``), not OpenAI's 300 / 500 ms: every ms of silence is spent
+    from the budget.  ``semantic_vad`` (a session's default): at each pause our end-of-turn model scores what was
+    said and picks the silence, by ``eagerness`` (``voice.turn_end.EAGERNESS``)."""
 
+    type: str = "server_vad"
     threshold: float = 0.5
     prefix_padding_ms: int = 200
     silence_duration_ms: int = 400
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: int | None = None
+    eagerness: str = "auto"
 
     def to_dict(self) -> dict:
-        return {"type": "server_vad", **{f.name: getattr(self, f.name) for f in fields(self)}}
+        return {"type": self.type, **{k: getattr(self, k) for k in _WIRE_FIELDS[self.type]}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +57,7 @@ class SessionConfig:
     voice: str = "default"
     input_rate: int = DEFAULT_RATE
     output_rate: int = DEFAULT_RATE
-    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
+    turn_detection: TurnDetection | None = field(default_factory=lambda: TurnDetection(type="semantic_vad"))
     output_modalities: tuple[str, ...] = ("audio",)
 
     def to_dict(self) -> dict:
@@ -123,11 +137,20 @@ def _turn_detection(td: Any, current: TurnDetection | None) -> TurnDetection:
     if not isinstance(td, dict):
         raise FieldError("invalid_type", f"field '{path}' must be an object or null", path)
     kind = read(td, "type", str, path)
-    if kind not in (None, "server_vad"):
-        raise FieldError("unsupported_turn_detection", f"turn_detection type '{kind}' is not supported (only 'server_vad')",
+    if kind not in (None, *TURN_DETECTION_TYPES):
+        raise FieldError("unsupported_turn_detection",
+                         f"turn_detection type '{kind}' is not supported (only {' or '.join(map(repr, TURN_DETECTION_TYPES))})",
                          path + ".type")
-    base = current or TurnDetection()
+    base = current or TurnDetection(type=kind or "server_vad")
+    if kind is not None and kind != base.type:  # another type starts from its own defaults
+        base = TurnDetection(type=kind)
     ch: dict[str, Any] = {}
+    eagerness = read(td, "eagerness", str, path)
+    if eagerness is not None:
+        if eagerness not in EAGERNESS:
+            raise FieldError("invalid_value", f"field '{path}.eagerness' must be one of {', '.join(EAGERNESS)}, got {eagerness!r}",
+                             path + ".eagerness")
+        ch["eagerness"] = eagerness
     thr = read(td, "threshold", (int, float), path)
     if thr is not None:
         if not 0.0 <= thr <= 1.0:

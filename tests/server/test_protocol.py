@@ -186,6 +186,21 @@ def test_session_update_partial_rate_and_vad_off():
     assert proto.config == before
 
 
+def test_semantic_vad_is_the_default_and_round_trips():
+    proto = P.ProtocolSession(ids=P.IdSource())
+    td = validate(proto.session_created()).session.audio.input.turn_detection
+    assert td.type == "semantic_vad" and td.eagerness == "auto"
+    [ev] = proto.receive(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
+        "type": "semantic_vad", "eagerness": "high", "interrupt_response": False}}}}}))
+    assert ev.config.turn_detection == P.TurnDetection(type="semantic_vad", eagerness="high", interrupt_response=False)
+    wire = validate(proto.session_updated()).session.audio.input.turn_detection
+    assert (wire.type, wire.eagerness, wire.interrupt_response) == ("semantic_vad", "high", False)
+    assert "silence_duration_ms" not in json.loads(proto.session_updated().to_json())["session"]["audio"]["input"]["turn_detection"]
+    [ev] = proto.receive(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
+        "type": "server_vad", "silence_duration_ms": 600}}}}}))
+    assert ev.config.turn_detection == P.TurnDetection(silence_duration_ms=600)  # server_vad's own defaults
+
+
 BAD = [
     ("not json", "{nope", "invalid_json", None, "not valid JSON"),
     ("json array", "[1, 2]", "invalid_event", None, "JSON object"),
@@ -205,8 +220,10 @@ BAD = [
     ("session not object", '{"type": "session.update", "event_id": "e11", "session": "x"}', "invalid_type", "e11", "'session'"),
     ("vad threshold", '{"type": "session.update", "event_id": "e12", "session": {"audio": {"input": {"turn_detection": '
                       '{"type": "server_vad", "threshold": 3}}}}}', "invalid_value", "e12", "threshold"),
-    ("semantic vad", '{"type": "session.update", "event_id": "e13", "session": {"audio": {"input": {"turn_detection": '
-                     '{"type": "semantic_vad"}}}}}', "unsupported_turn_detection", "e13", "semantic_vad"),
+    ("semantic eagerness", '{"type": "session.update", "event_id": "e13", "session": {"audio": {"input": {"turn_detection": '
+                           '{"type": "semantic_vad", "eagerness": "eager"}}}}}', "invalid_value", "e13", "eagerness"),
+    ("other vad type", '{"type": "session.update", "event_id": "e13", "session": {"audio": {"input": {"turn_detection": '
+                       '{"type": "push_to_talk"}}}}}', "unsupported_turn_detection", "e13", "push_to_talk"),
     ("rate out of range", '{"type": "session.update", "event_id": "e14", "session": {"audio": {"input": {"format": '
                           '{"type": "audio/pcm", "rate": 96000}}}}}', "invalid_value", "e14", "96000"),
     ("assistant item", '{"type": "conversation.item.create", "event_id": "e15", "item": {"type": "message", "role": "assistant", '
