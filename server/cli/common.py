@@ -26,7 +26,9 @@ def voice_flags(sp) -> None:
     sp.add_argument("--budget-ms", type=float, default=500.0, help="voice-to-voice budget per turn (default 500)")
     sp.add_argument("--tts", choices=("piper", "espeak"), default="piper", help="speech synthesizer (default piper)")
     sp.add_argument("--model", default=None, metavar="GGUF", help="LLM GGUF file (default SmolLM2-135M-Instruct)")
-    sp.add_argument("--no-speculative", action="store_true", help="do not start answering at a pause")
+    sp.add_argument("--no-speculative", action="store_true",
+                    help="do not start answering at a pause (turns then end on silence alone: the semantic end of turn "
+                         "scores the speculative transcript)")
     sp.add_argument("--ack", action="store_true", help="play a short acknowledgement when the answer is late")
     sp.add_argument("--persona", metavar="JSON", help='system prompt and examples: {"system": "...", "examples": [[q, a], ...]} '
                                                       "(default: the Bright Bakery persona the samples use)")
@@ -40,15 +42,36 @@ def voice_flags(sp) -> None:
                          "down; a faster one is released as soon as its clock allows (in real time no sooner than "
                          "this machine computes it; with --fast exactly)")
     sp.add_argument("--no-pace", action="store_false", dest="pace", help="do not pace (the default)")
+    sp.add_argument("--turn-end", choices=("semantic", "silence"), default="semantic",
+                    help="how a turn ends: semantic (default) scores what was said at each pause with the LLM and waits "
+                         "~200 ms after a finished turn, up to ~1 s after an unfinished one; silence waits --silence-ms")
+    sp.add_argument("--eagerness", choices=("low", "medium", "high", "auto"), default="auto",
+                    help="semantic end of turn: high answers sooner, low waits longer for the user (default auto = medium)")
+    sp.add_argument("--silence-ms", type=int, default=None, metavar="MS",
+                    help="the silence that ends a turn with --turn-end silence (default 400)")
 
 
 def loop_config(args):
     from voice.loop import LoopConfig
 
+    from dataclasses import replace
+
+    from voice.loop_config import MAX_STOP_MS
+    from voice.turn_end import TurnEndPolicy
+
     if args.budget_ms <= 0:
         raise CLIError("--budget-ms must be > 0")
-    return LoopConfig(budget_ms=args.budget_ms, speculative=not args.no_speculative, ack=args.ack,
-                      pace=args.pace)
+    turn_end = getattr(args, "turn_end", "semantic")
+    silence = getattr(args, "silence_ms", None)
+    if silence is not None and turn_end != "silence":
+        raise CLIError("--silence-ms needs --turn-end silence (the semantic end of turn picks its own silence)")
+    cfg = LoopConfig(budget_ms=args.budget_ms, speculative=not args.no_speculative, ack=args.ack, pace=args.pace)
+    if turn_end == "silence":
+        ep = cfg.endpointer
+        if silence is not None and not ep.pause_ms < silence <= MAX_STOP_MS:
+            raise CLIError(f"--silence-ms must be in {ep.pause_ms + 1}..{MAX_STOP_MS}")
+        return replace(cfg, end_of_turn=None, endpointer=replace(ep, stop_ms=silence or ep.stop_ms))
+    return replace(cfg, end_of_turn=TurnEndPolicy.named(getattr(args, "eagerness", "auto")))
 
 
 @dataclass(frozen=True)
@@ -141,6 +164,13 @@ def print_turn(console, r) -> None:
     t.add_row(*(fmt_ms(lat[k]) for k, _ in STAGE_LABELS))
     console.print(t)
     console.print(f"        {verdict} (budget {r.budget_ms:.0f} ms), mitigation: {r.mitigation}")
+    eot = r.end_of_turn
+    if eot:
+        score = f"P(end) {eot['p_end']:.2f} ({eot['source']}), " if "p_end" in eot else ""
+        work = r.work_ms
+        console.print(f"        end of turn: {score}rule {eot['rule']}, waited {fmt_ms(eot.get('silence_ms'))} ms of silence; "
+                      f"asr {fmt_ms(work['asr_run_ms'])} ms, score {fmt_ms(work['turn_end_score_ms'])} ms, "
+                      f"critical path {fmt_ms(work['critical_path_ms'])} ms")
     sim = r.simulated
     if sim:
         sv = "within budget" if sim["within_budget"] else f"over by {sim['overrun_ms']:.0f} ms"
@@ -160,7 +190,13 @@ def print_summary(console, summary) -> None:
     t.add_column("p95 ms", justify="right")
     for key, label in STAGE_LABELS:
         t.add_row(label, fmt_ms(summary[key]["p50"]), fmt_ms(summary[key]["p95"]))
+    for key, label in (("asr_run_ms", "asr (its own time)"), ("turn_end_score_ms", "end-of-turn score"),
+                       ("critical_path_ms", "critical path")):
+        if key in summary:
+            t.add_row(label, fmt_ms(summary[key]["p50"]), fmt_ms(summary[key]["p95"]))
     console.print(t)
+    if summary.get("end_of_turn_rules"):
+        console.print("end of turn: " + ", ".join(f"{k} {v}" for k, v in summary["end_of_turn_rules"].items()))
     sim = summary.get("simulated")
     if sim and sim.get("turns"):
         console.print(f"on simulated {sim['deployment']}: voice-to-voice p50 {fmt_ms(sim['voice_to_voice_ms']['p50'])} / "

@@ -164,3 +164,21 @@ def test_help_explains_serve_and_client():
         assert flag in proc.stdout
     proc = wafervox("client", "--help")
     assert proc.returncode == 0 and "--url" in proc.stdout and "--json" in proc.stdout
+
+
+def test_turn_end_flags_build_the_loop_config():
+    import argparse
+
+    from server.cli.common import CLIError, loop_config, voice_flags
+    from voice.turn_end import TurnEndPolicy
+
+    ap = argparse.ArgumentParser()
+    voice_flags(ap)
+    assert loop_config(ap.parse_args([])).end_of_turn == TurnEndPolicy()
+    assert loop_config(ap.parse_args(["--eagerness", "high"])).end_of_turn == TurnEndPolicy(eagerness="high")
+    silence = loop_config(ap.parse_args(["--turn-end", "silence", "--silence-ms", "600"]))
+    assert silence.end_of_turn is None and silence.endpointer.stop_ms == 600
+    with pytest.raises(CLIError, match="--turn-end silence"):
+        loop_config(ap.parse_args(["--silence-ms", "600"]))
+    with pytest.raises(CLIError, match="--silence-ms must be"):
+        loop_config(ap.parse_args(["--turn-end", "silence", "--silence-ms", "50"]))
