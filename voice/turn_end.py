@@ -127,15 +127,15 @@ class TurnEndScorer:
         return self.score(context, text).p_end
 
 
-_SOFT_END = ".,;:…-–— "
-
-
 def normalize(text: str) -> str:
-    """The user's text as scored: without a closing period, comma or ellipsis, which an ASR writes
-    at a pause whether the turn is over or not ("I'd like to order." is a fragment); a question or
-    exclamation mark stays (it is read from the words and the pitch)."""
-    stripped = text.strip().rstrip(_SOFT_END)
-    return stripped or text.strip()
+    """The user's text as scored: without a closing period, which an ASR writes at a pause whether
+    the turn is over or not ("I'd like to order." is a fragment).  A comma, an ellipsis or a dash
+    stays (Whisper writes them where the voice goes on: "Can I get a sourdough loaf," is not over),
+    and so does a question or exclamation mark."""
+    t = text.strip()
+    if t.endswith(".") and not t.endswith(".."):
+        t = t[:-1].rstrip()
+    return t or text.strip()
 
 
 def end_token(generator) -> int:
@@ -170,13 +170,13 @@ class TurnEndPolicy:
     thresholds on ``p_end`` (the head's; a zero-shot score has its own, ``ZERO_SHOT_THRESHOLDS``).
 
     A confident end on fewer than ``min_words`` words waits the middle silence instead (rule
-    "short"): a turn often opens with a word or two and a comma's pause ("Hi, what time do you
-    open?", "Sorry, who owns it?"), which heard alone is a whole greeting."""
+    "short"): a turn often opens with one word and a comma's pause ("Hi, what time do you open?",
+    "Sorry, who owns it?"), which heard alone is a whole greeting."""
 
     eagerness: str = "medium"
     confident: float = 0.5
     unfinished: float = 0.2
-    min_words: int = 3
+    min_words: int = 2
 
     def __post_init__(self) -> None:
         if self.eagerness not in EAGERNESS:

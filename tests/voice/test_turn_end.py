@@ -98,8 +98,8 @@ def test_a_corrupt_head_file_is_reported_with_its_name(tmp_path):
 
 def test_normalize_drops_soft_endings_and_keeps_questions():
     assert normalize("I'd like to order.") == "I'd like to order"
-    assert normalize("so, um...") == "so, um"
-    assert normalize("Really?") == "Really?" and normalize("...") == "..."
+    assert normalize("so, um...") == "so, um..." and normalize("Can I get a loaf,") == "Can I get a loaf,"
+    assert normalize("Really?") == "Really?" and normalize(".") == "."
 
 
 def test_policy_rules_and_eagerness():
@@ -109,6 +109,7 @@ def test_policy_rules_and_eagerness():
         pol = TurnEndPolicy(eagerness=eagerness)
         assert pol.decide(head(0.9), text) == Decision(short, "confident")
         assert pol.decide(head(0.9), "Hi.") == Decision(mid, "short")  # an opener as often as a whole turn
+        assert pol.decide(head(0.9), "Thank you.") == Decision(short, "confident")
         assert pol.decide(head(0.3), text) == Decision(mid, "unsure")
         assert pol.decide(head(0.05), text) == Decision(long, "unfinished")
         assert short < mid < long <= 1500
