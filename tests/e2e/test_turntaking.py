@@ -1,0 +1,59 @@
+"""The turn-taking bars on samples/turntaking/, through the whole pipeline: ``bench/turntaking.py --json`` in a
+subprocess (virtual clock, the default engines and ``LoopConfig()``).
+
+- Paused turns (one turn with a 400-800 ms silence inside): the loop cuts off at most 10 % of them.
+- Complete turns: ``endpoint_ms`` p50 is at most 250 ms.
+
+Nothing here is marked xfail. A loop that ends every turn on 400 ms of silence fails both bars. The bars are
+the issue's ("Turn-taking and the critical path").
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engines
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench" / "turntaking.py"
+MANIFEST = json.loads((ROOT / "samples" / "turntaking" / "manifest.json").read_text())["items"]
+#: About 45 s on an idle 2-core machine (engine load and 46 items). The limit leaves room for a busy one.
+TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def turntaking_run(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("turntaking") / "turntaking.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(proc.stdout[-2500:])
+    return json.loads(out.read_text())
+
+
+def test_every_item_played(turntaking_run):
+    items = turntaking_run["items"]
+    assert [i["file"] for i in items] == [n for k in ("paused", "complete") for n, m in MANIFEST.items() if m["kind"] == k]
+    assert turntaking_run["clock"] == "virtual"
+    for i in items:
+        assert i["turns"] >= 1 or i["kind"] == "paused", f"{i['file']}: no turn answered"
+
+
+def test_paused_turns_are_not_cut_off(turntaking_run):
+    s = turntaking_run["summary"]
+    bar = s["bars"]["false_cutoff_rate"]
+    cut = [i["file"] for i in turntaking_run["items"] if i["kind"] == "paused" and i["cut_off"]]
+    assert bar["pass"], (f"false cut-off rate {bar['value']:.2f} > {bar['max']} "
+                         f"({s['paused']['cut_off']}/{s['paused']['n']}: {cut})")
+
+
+def test_complete_turns_end_quickly(turntaking_run):
+    s = turntaking_run["summary"]
+    bar = s["bars"]["complete_endpoint_p50_ms"]
+    assert bar["pass"], (f"complete turns' endpoint_ms p50 {bar['value']} ms > {bar['max']} ms "
+                         f"(p95 {s['complete']['endpoint_ms']['p95']} ms; by noise level {s['complete']['by_level']})")
