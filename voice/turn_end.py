@@ -150,11 +150,13 @@ def end_token(generator) -> int:
 
 # -- the policy ---------------------------------------------------------------------------------
 
-#: Silences (ms) by eagerness: (confident end, anything else, unfinished).  ``auto`` is ``medium``.
+#: Silences (ms) by eagerness: (confident end, anything else, unfinished).  ``auto`` is ``medium``.  The middle one
+#: is long too: a pause inside a turn (a number read in groups, "um") lasts 400-800 ms, and an unsure score is as
+#: often such a turn ("My number is 555." 0.2) as a finished one.
 EAGERNESS = {
-    "high": (160, 400, 700),
-    "medium": (200, 500, 1000),
-    "low": (300, 700, 1500),
+    "high": (160, 500, 700),
+    "medium": (200, 800, 1000),
+    "low": (300, 1000, 1500),
 }
 
 

@@ -86,6 +86,8 @@ HESITATIONS = [
     "I'd like two croissants, a baguette,", "I want to order a cake for", "It's for", "We need it by",
     "Can you deliver it to", "I'd like to order, um,", "Let me check, it's", "My name is", "The address is",
     "And then", "Plus", "Also, um", "I was thinking maybe", "Could I have", "I'd like the",
+    "Could you tell me?", "Can you tell me?", "Can you put it under?", "Is it open on?", "Do you have any?", "Can I get?", "Where is the?",
+    "My card number ends in 4 2", "The phone number is 202.", "Let me see, I'll take.", "I'll have the.",
 ]
 #: Words a turn rarely ends on: a cut after one is always unfinished.
 OPEN_WORDS = {"the", "a", "an", "to", "and", "or", "but", "of", "for", "with", "my", "your", "is", "are", "at",
@@ -114,9 +116,11 @@ def cuts(text: str, rng: random.Random) -> list[str]:
         prefix = " ".join(words[:k]).rstrip(",")
         if words[k - 1].lower().strip(",") not in OPEN_WORDS and len(words) - k < 2:
             continue  # one word short of the end: often a turn of its own ("I need two loaves of")
-        out.append(prefix + rng.choice(["", ",", "...", "."]))
+        dangling = words[k - 1].lower().strip(",") in OPEN_WORDS  # "Can you put it under": over only if ASR says so
+        endings = ["", ",", "...", "."] + (["?", "?"] if text.endswith("?") and dangling else [])  # a question's rise
+        out.append(prefix + rng.choice(endings))
     rng.shuffle(out)
-    return out[:5]
+    return out[:6]
 
 
 def labelled_set(seed: int = 7) -> list[tuple[str, int, int]]:
