@@ -294,3 +294,48 @@ def test_reset_starts_afresh(voice):
     assert ep.state is State.SILENCE and ep.events() == []
     ep.feed(pcm)
     assert ep.events() == run(pcm)
+
+
+# -- the end-of-turn policy's stop ------------------------------------------------------------------
+
+
+def _feed_until_pause(voice, text: str, config: EndpointerConfig):
+    """An endpointer fed the words and then silence until its Pause; returns it, the events and the silence left."""
+    speech = voice[text]
+    pcm = pcm16(np.concatenate([silence(500), speech, silence(1500)]))
+    ep = Endpointer(config)
+    events, pos = [], 0
+    while pos < len(pcm) and not any(isinstance(e, Pause) for e in events):
+        ep.feed(pcm[pos:pos + 320])
+        events += ep.events()
+        pos += 320
+    return ep, events, pcm[pos:]
+
+
+@pytest.mark.parametrize("stop_ms", [200, 1000])
+def test_set_stop_ms_moves_the_stop_of_this_pause(voice, stop_ms):
+    cfg = EndpointerConfig(pause_ms=90)
+    ep, events, rest = _feed_until_pause(voice, "When does the shop open", cfg)
+    ep.set_stop_ms(stop_ms)
+    stopped = None
+    for i in range(0, len(rest), 320):
+        ep.feed(rest[i:i + 320])
+        for e in ep.events():
+            if isinstance(e, SpeechStopped):
+                stopped = e
+    assert stopped is not None
+    silence_ms = ms(stopped.sample - stopped.last_voiced_sample)
+    assert stop_ms <= silence_ms <= stop_ms + 2 * cfg.frame_ms, silence_ms
+
+
+def test_set_stop_ms_already_passed_stops_at_once_and_resets_after(voice):
+    cfg = EndpointerConfig(pause_ms=90)
+    ep, events, rest = _feed_until_pause(voice, "When does the shop open", cfg)
+    ep.feed(rest[:320 * 8])  # 160 ms more: about 250 ms of silence
+    assert not [e for e in ep.events() if isinstance(e, SpeechStopped)]
+    assert ep.silence_ms >= 200
+    ep.set_stop_ms(200)  # the decision arrives late: the turn ends now, at the samples fed
+    (stopped,) = ep.events()
+    assert isinstance(stopped, SpeechStopped) and ep.state is State.SILENCE
+    ep.set_stop_ms(50)  # not paused: ignored
+    assert ep.events() == [] and ep._stop_now == ep._stop_frames
