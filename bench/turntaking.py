@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -217,6 +218,10 @@ def main() -> None:
             chosen += names[: args.limit] if args.limit else names
     engines, load_ms = load_engines(progress=lambda m: print(m, flush=True))
     clock = "real-time" if args.realtime else "virtual"
+    load_before = os.getloadavg()[0]
+    if load_before > 1.0:
+        print(f"warning: load average {load_before:.1f} on {os.cpu_count()} cores before the run: "
+              "another process competes for the cores and the timings will be inflated", flush=True)
     t0 = time.perf_counter()
     items = []
     for name in chosen:
@@ -228,9 +233,11 @@ def main() -> None:
     wall_s = time.perf_counter() - t0
     summary = summarize(items)
     print_summary(summary, clock, wall_s)
+    print(f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "clock": clock, "wall_s": round(wall_s, 1),
-                                               "load_ms": load_ms, "items": items}, indent=1))
+                                               "load_ms": load_ms, "loadavg_before": round(load_before, 2),
+                                               "loadavg_after": round(os.getloadavg()[0], 2), "items": items}, indent=1))
 
 
 if __name__ == "__main__":
