@@ -80,9 +80,10 @@ class TurnReport:
     #: the same turn on the simulated deployment the decode core runs on (``wafer.deploy.simulated_turn``):
     #: deployment, llm_first_token_ms, first_phrase_ms, token_ms, voice_to_voice_ms, within_budget, overrun_ms
     simulated: dict | None = None
-    #: what ended the user's turn: ``rule`` ("confident", "unsure", "unfinished": the end-of-turn policy; "silence": the
-    #: plain silence; "manual": the client committed), ``silence_ms`` waited after the last voiced sample, and with a
-    #: score ``p_end``, ``p_token``, ``source``, ``stop_ms``, ``eagerness``; None for a typed turn
+    #: what ended the user's turn: ``rule`` ("confident", "short", "unsure", "unfinished": the end-of-turn policy;
+    #: "unscored": the policy's wait, no score in time; "silence": the plain silence; "manual": the client committed),
+    #: ``silence_ms`` waited after the last voiced sample, and with a score ``p_end``, ``p_token``, ``source``,
+    #: ``stop_ms``, ``eagerness``; None for a typed turn
     end_of_turn: dict | None = None
 
     @property

@@ -204,6 +204,8 @@ class VoiceLoop:
                 if self.cfg.speculative and self._trace is not None and self._task is None:
                     self._spec = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=True)
                     self._spec.stamp("pause", now)
+                    if self._semantic():  # until the score is in, wait as for an unsure turn (a slow ASR cuts no one off)
+                        self.vad.set_stop_ms(self.cfg.end_of_turn.waiting_ms)
             case SpeechResumed():
                 self._drop_spec()
             case SpeechStopped():
@@ -385,7 +387,7 @@ class VoiceLoop:
         yield
         if not _has_words(r.transcript):
             return
-        if r.speculative and self.cfg.end_of_turn is not None and self.e.turn_end is not None:
+        if r.speculative and self._semantic():
             self._judge_turn_end(r)
             yield
         chunker = PhraseChunker()
@@ -440,6 +442,10 @@ class VoiceLoop:
                 yield
         finally:
             synth.close()
+
+    def _semantic(self) -> bool:
+        """Turns end by the end-of-turn policy (else by the endpointer's plain silence)."""
+        return self.cfg.speculative and self.cfg.end_of_turn is not None and self.e.turn_end is not None
 
     def _judge_turn_end(self, r: _Response) -> None:
         """Score the speculative transcript (P(the turn is over)) and pick the silence that closes the turn; the
@@ -550,7 +556,12 @@ class VoiceLoop:
         """What ended the user's turn: the end-of-turn score and rule when one decided it, else the plain silence."""
         if "last_voiced" not in tr.stamps or "endpoint" not in tr.stamps:  # a typed turn
             return None
-        info = dict(r.end_of_turn) if r.end_of_turn is not None else {"rule": "silence", "stop_ms": self.cfg.endpointer.stop_ms}
+        if r.end_of_turn is not None:
+            info = dict(r.end_of_turn)
+        elif self._semantic():  # no score in time (or no words to score): the policy's wait
+            info = {"rule": "unscored", "stop_ms": self.cfg.end_of_turn.waiting_ms}
+        else:
+            info = {"rule": "silence", "stop_ms": self.cfg.endpointer.stop_ms}
         info["silence_ms"] = round((tr.stamps["endpoint"] - tr.stamps["last_voiced"]) * 1000, 1)
         return info
 

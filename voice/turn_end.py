@@ -194,6 +194,11 @@ class TurnEndPolicy:
     def max_stop_ms(self) -> int:
         return EAGERNESS[self.eagerness][2]
 
+    @property
+    def waiting_ms(self) -> int:
+        """The silence that closes a turn whose score is not known yet (the middle one)."""
+        return EAGERNESS[self.eagerness][1]
+
     def decide(self, score: TurnEndScore, text: str = "") -> Decision:
         short, mid, long = EAGERNESS[self.eagerness]
         confident, unfinished = (self.confident, self.unfinished) if score.source == "head" else ZERO_SHOT_THRESHOLDS
