@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -86,8 +87,8 @@ HESITATIONS = [
     "I'd like two croissants, a baguette,", "I want to order a cake for", "It's for", "We need it by",
     "Can you deliver it to", "I'd like to order, um,", "Let me check, it's", "My name is", "The address is",
     "And then", "Plus", "Also, um", "I was thinking maybe", "Could I have", "I'd like the",
-    "Could you tell me?", "Can you tell me?", "Can you put it under?", "Is it open on?", "Do you have any?", "Can I get?", "Where is the?",
-    "My card number ends in 4 2", "The phone number is 202.", "Let me see, I'll take.", "I'll have the.",
+    "Would you tell me?", "Can you add it to?", "Is it open on?", "Do you have any?", "Can I get?", "Where is the?",
+    "My account number ends in 7 1", "The zip code is 941.", "Let me think, I'll get.", "I'll have the.",
 ]
 #: Words a turn rarely ends on: a cut after one is always unfinished.
 OPEN_WORDS = {"the", "a", "an", "to", "and", "or", "but", "of", "for", "with", "my", "your", "is", "are", "at",
@@ -123,16 +124,37 @@ def cuts(text: str, rng: random.Random) -> list[str]:
     return out[:6]
 
 
+def _key(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9' ]", " ", text.lower()).split())
+
+
+def evaluation_texts() -> set[str]:
+    """Every text of the turn-taking set (samples/turntaking: whole turns and the parts of paused ones), which the
+    training set must not contain: the bench and the tests measure the head on it."""
+    path = Path(__file__).resolve().parent.parent / "samples" / "turntaking" / "manifest.json"
+    if not path.is_file():
+        return set()
+    import json
+
+    out = set()
+    for item in json.loads(path.read_text())["items"].values():
+        out.add(_key(item["text"]))
+        out.update(_key(p) for p in item.get("parts", []))
+    return out
+
+
 def labelled_set(seed: int = 7) -> list[tuple[str, int, int]]:
-    """(text, label 1 = complete, group) triples; a group is one source utterance."""
+    """(text, label 1 = complete, group) triples; a group is one source utterance.  Texts of the turn-taking set
+    are left out (``evaluation_texts``)."""
     rng = random.Random(seed)
+    held = evaluation_texts()
     rows = []
     for g, text in enumerate(complete_texts()):
         rows += [(t, 1, g) for t in variants_complete(text, rng)]
         rows += [(t, 0, g) for t in cuts(text, rng)]
     base = len(complete_texts())
     rows += [(t, 0, base + i) for i, t in enumerate(HESITATIONS)]
-    return rows
+    return [r for r in rows if _key(r[0]) not in held]
 
 
 # -- fitting ------------------------------------------------------------------------------------
