@@ -191,7 +191,7 @@ class RealtimeSession:
         cfg = ev.config
         if "instructions" in ev.changed:
             persona = self._default_persona if cfg.instructions.strip() in ("", self._default_persona.system) \
-                else Persona(system=cfg.instructions.strip(), examples=())
+                else Persona.from_instructions(cfg.instructions)
             if persona != self.loop.e.llm.persona:
                 engines = self.shared.with_persona(self.loop.e, persona)
                 if not self.loop.answering:

@@ -13,22 +13,194 @@ taken so far, which the loop stamps beside its measured times.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from decode import GREEDY, Generator, SamplingParams
 
-DEFAULT_SYSTEM = (
-    "You are the friendly phone assistant of Bright Bakery. Answer in one short sentence using these facts.\n"
-    "Opening hours: 7 am to 6 pm, Tuesday to Sunday.\nMondays: closed.\nAddress: 12 Harbor Street.\n"
-    "Sourdough loaf: 5 dollars.\nCroissant: 2 dollars.\nDelivery: free for orders over 30 dollars.\nOwner: Maria."
+# -- grounding: which facts answer a question -----------------------------------------------------------
+# Words of the question against the words of each fact, and against cue words of the common kinds of
+# business facts (a fact about hours answers "when do you close?").  Plain, cheap (microseconds a
+# turn) and predictable; bench/answers.py measures it on questions written after these were chosen.
+
+_STOP = frozenset("a an the and or up of to in on at for is are was be do does did you your we our i me my it this that what which "
+                  "whom how can could would will there here please tell about with any some many get have has hi hello ok okay so "
+                  "just like know".split())
+
+
+def _stem(word: str) -> str:
+    w = re.sub(r"'s$", "", word.lower()).strip("'")
+    for suffix in ("ies", "ing", "es", "ed", "al", "s"):
+        if len(w) > len(suffix) + 2 and w.endswith(suffix):
+            w = w[: -len(suffix)] + ("y" if suffix == "ies" else "")
+            break
+    return w[:-1] if len(w) > 3 and w.endswith("e") else w  # close, closed, closing: clos
+
+
+def _words(text: str) -> set[str]:
+    out = set()
+    for w in re.findall(r"[A-Za-z][A-Za-z'-]*|\d+", text):
+        if w.lower() not in _STOP:
+            out.add(_stem(w))
+            if "-" in w:  # tune-up: tune (not up)
+                out |= {_stem(part) for part in w.split("-") if len(part) > 2 and part.lower() not in _STOP}
+    return out
+
+
+#: Cue words that say little alone ("who won the game?" is not about the owner) or as much as a word of
+#: the fact ("open on Saturday?" is about the weekends more than the hours); others count 0.75.
+_CUE_WEIGHT = {**dict.fromkeys(_words("who name much today tomorrow morning evening"), 0.5),
+               **dict.fromkeys(_words("open close time hours"), 0.75),  # even in the fact: "open on Mondays?"
+               **dict.fromkeys(_words("monday tuesday wednesday thursday friday saturday sunday weekend"), 1.0)}
+#: (a fact mentioning any of these, is also about these): the common kinds of business facts.
+_CONCEPTS = tuple((_words(trigger), _words(cues)) for trigger, cues in (
+    ("hours open opening", "open close hours time when day week morning evening tomorrow today late early"),
+    ("address location street road avenue lane", "where address located location find street directions"),
+    ("owner owns manager boss founder", "owner own runs who boss manager charge"),
+    ("dentist doctor dr", "who dentist doctor name"),
+    ("dollars price cost euros pounds fee", "much cost price charge fee pay"),
+    ("weekends", "saturday sunday weekend"),
+    ("delivery deliver", "deliver delivery ship bring"),
+    ("parking park", "park parking car drive"),
+    ("rental rent", "rent rental hire borrow"),
+    ("time minutes same", "long take wait ready quick fast soon"),
+))
+
+
+def relevant_facts(facts, question: str, most: int = 2) -> list[tuple[str, str]]:
+    """The facts that answer ``question``: those of the best score (at most ``most``), none when no
+    fact scores 0.75 (a word of the fact itself counts 1, a cue word 0.75, but see ``_CUE_WEIGHT``)."""
+    q = _words(question)
+    scored = []
+    for i, (k, v) in enumerate(facts):
+        own = _words(k) | _words(v)
+        cues = set().union(*(cue for trigger, cue in _CONCEPTS if trigger & own)) - own
+        score = sum(_CUE_WEIGHT.get(w, 1.0 if w in own else 0.75) for w in q & (own | cues))
+        if score >= 0.75:
+            scored.append((-score, i))
+    scored.sort()
+    return [facts[i] for s, i in scored if s == scored[0][0]][:most]
+
+
+def _fact_text(key: str, value: str) -> str:
+    value = value.strip().rstrip(".")
+    return f"{key}: {value}." if key else f"{value[:1].upper()}{value[1:]}."
+
+
+_PRICE = re.compile(r"^(?:\$\s*\d|\d[\d.,]*\s*(?:dollars?|euros?|pounds?|cents?)\b)", re.I)
+
+
+def _answer(key: str, value: str) -> str:
+    """An example answer stating a fact."""
+    if not key:
+        return _fact_text(key, value)
+    value = value.strip().rstrip(".")
+    if _PRICE.match(value):
+        verb = "costs"  # "The croissant is ..." went on about croissants
+    else:
+        verb = "are" if key.endswith("s") and not key.endswith("ss") else "is"
+    # no article before a gerund with an object ("Fixing a flat tire") or a determiner ("Most repairs")
+    the = "" if re.match(r"\w+ing\s+(?:a|an|the|your|my|our)\b|(?:most|all|some|every|our|my)\b", key, re.I) else "The "
+    subject = key.lower() if the else key
+    return f"{the}{subject} {verb} {value}."
+
+
+_KEY_VALUE = re.compile(r"^[-*\u2022]?\s*([A-Za-z][\w '&/-]{0,40}?)\s*:\s*(\S.*?)\.?$")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+#: A sentence that tells the assistant who it is or how to talk (not a fact).
+_ROLE = re.compile(r"\b(you are|you're|you answer|you work|you help|assistant|receptionist|act as|be brief|be friendly|keep|"
+                   r"answer|reply|respond|speak)\b", re.I)
+_NAME = re.compile(r"\b(?:of|for|at|from|called)\s+((?:[A-Z][\w'&-]*)(?:\s+(?:[A-Z][\w'&-]*|&))*)")
+_SUBJECT_IS = re.compile(r"^(?:the |our |a |an )?(?!(?:we|i|you|they|it|he|she|this|that|there)\b)([a-z][\w' -]{0,30}?) "
+                         r"(?:is|are|costs?) (.+?)\.?$", re.I)
+_OPEN_FROM = re.compile(r"^(?:we are|we're|the \w+ is|it is|it's) open (.+?)\.?$", re.I)
+
+
+def _sentence_fact(sentence: str) -> tuple[str, str]:
+    """A sentence as a fact: "The owner is Tom." -> ("Owner", "Tom"), "We are open from 9 am ..." ->
+    ("Opening hours", "from 9 am ..."); others stay whole ("", ...), which the model copied less well."""
+    if m := _OPEN_FROM.match(sentence.strip()):
+        return "Opening hours", m.group(1)
+    if m := _SUBJECT_IS.match(sentence.strip()):
+        key = m.group(1).strip()
+        return key[:1].upper() + key[1:], m.group(2).strip()
+    return "", sentence.strip().rstrip(".")
+
+
+def _split_compound(sentence: str) -> list[str]:
+    """"A costs 15 dollars and B costs 60 dollars." -> both halves, when each states a figure."""
+    parts = re.split(r",? and (?=[\w' -]+ (?:is|are|costs?) )", sentence.strip().rstrip("."))
+    return parts if len(parts) > 1 and all(re.search(r"\d", p) for p in parts) else [sentence]
+
+
+def _business_name(text: str) -> str:
+    """The business the instructions name ("... the receptionist of Clearview Dental ...")."""
+    for sentence in _SENTENCE.split(text):
+        if _ROLE.search(sentence) and (m := _NAME.search(sentence)):
+            return m.group(1)
+    return ""
+
+
+DEFAULT_NAME = "Bright Bakery"
+DEFAULT_FACTS = (
+    ("Opening hours", "7 am to 6 pm, Tuesday to Sunday"),
+    ("Mondays", "closed"),
+    ("Address", "12 Harbor Street"),
+    ("Sourdough loaf", "5 dollars"),
+    ("Croissant", "2 dollars"),
+    ("Delivery", "free for orders over 30 dollars"),
+    ("Owner", "Maria"),
 )
-DEFAULT_EXAMPLES = (
-    ("What are your hours?", "We are open from 7 am to 6 pm, Tuesday to Sunday."),
-    ("How much is a croissant?", "A croissant costs 2 dollars."),
-    ("Where can I find you?", "We are at 12 Harbor Street."),
-    ("Do you deliver?", "Yes, delivery is free for orders over 30 dollars."),
-)
+#: How a reply starts when no fact answers the question: the model goes on with the topic it was
+#: asked about ("... about the weather, but ..."), so declines differ from one question to the next.
+DECLINE = "I'm afraid I don't know about"
+#: Questions that lean on the previous one ("Is it free?") take the facts of the previous question.
+_LEANS_BACK = re.compile(r"\b(it|its|that|this|they|them|those|these|one)\b", re.I)
+
+
+def _rules(name: str) -> str:
+    return (f"Answer in one short sentence with the fact given after the question. If no fact is given, say politely "
+            f"that you can only help with questions about {name}.")
+
+
+def grounded_system(name: str, facts, intro: str | None = None) -> str:
+    """The system text of a grounded persona: who it is, the answer rule, then a "Facts:" list."""
+    head = intro.strip() if intro and intro.strip() else f"You are the phone assistant of {name}."
+    return "\n".join([f"{head} {_rules(name)}", "Facts:", *(f"- {_fact_text(k, v)}" for k, v in facts)])
+
+
+DEFAULT_SYSTEM = grounded_system(DEFAULT_NAME, DEFAULT_FACTS)
+#: The questions a grounded persona's examples are drawn from (each kept when one of the persona's
+#: facts answers it), and the declined ones.  Every example answer restates its "Fact:" message
+#: ("The owner is Maria."): answers worded freely ("We are at ...") were copied into later answers
+#: ("We are at 5 dollars."), and an example the model answers last primes the next answer most, so
+#: the examples end with a fact.
+_EXAMPLE_QUESTIONS = ("What are your hours?", "Where can I find you?", "Who owns the place?", "How much does it cost?")
+_N_FACT_EXAMPLES = 4
+_OFF_TOPIC_EXAMPLES = (("What's the weather like?", "the weather"), ("Tell me a joke.", "jokes"))
+
+
+def grounded_examples(name: str, facts) -> tuple[tuple[str, str], ...]:
+    """Example exchanges for a grounded persona: fact, decline, fact, decline, fact."""
+    answers, used = [], set()
+    for q in _EXAMPLE_QUESTIONS:
+        if (found := relevant_facts(facts, q, most=1)) and found[0] not in used:
+            used.add(found[0])
+            answers.append((q, _answer(*found[0])))
+    keyed = [f for f in facts if f[0] and f not in used]
+    answers += [(f"What about the {k.lower()}?", _answer(k, v)) for k, v in keyed[: max(0, _N_FACT_EXAMPLES - len(answers))]]
+    offs = [(q, f"{DECLINE} {topic}, but I can help with questions about {name}.") for q, topic in _OFF_TOPIC_EXAMPLES]
+    answers = answers[:_N_FACT_EXAMPLES]
+    out = []
+    for i, ex in enumerate(answers):
+        out.append(ex)
+        if i < len(answers) - 1 and i < len(offs):
+            out.append(offs[i])
+    return tuple(out) if len(answers) > 1 else tuple(offs) + tuple(answers)
+
+
+DEFAULT_EXAMPLES = grounded_examples(DEFAULT_NAME, DEFAULT_FACTS)
 
 
 class PersonaError(ValueError):
@@ -37,29 +209,107 @@ class PersonaError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Persona:
+    """A system prompt and example exchanges; with ``facts`` it is *grounded*: each user turn is
+    followed by a "Fact:" message carrying the facts that answer it (``relevant_facts``), and a turn
+    no fact answers is answered with a decline (``DECLINE``), so the small model copies the right
+    fact instead of choosing among them (or the last answer)."""
+
     system: str = DEFAULT_SYSTEM
     examples: tuple[tuple[str, str], ...] = DEFAULT_EXAMPLES
+    #: (key, value) pairs ("" key: the value is a whole sentence); None: the default persona's facts
+    #: when ``system`` is the default one, else none.
+    facts: tuple[tuple[str, str], ...] | None = None
+    name: str = ""
+
+    def __post_init__(self):
+        if self.facts is None:
+            default = self.system == DEFAULT_SYSTEM
+            object.__setattr__(self, "facts", DEFAULT_FACTS if default else ())
+            if default and not self.name:
+                object.__setattr__(self, "name", DEFAULT_NAME)
+        else:
+            object.__setattr__(self, "facts", tuple((str(k), str(v)) for k, v in self.facts))
+
+    @property
+    def grounded(self) -> bool:
+        return bool(self.facts)
+
+    @classmethod
+    def from_facts(cls, name: str, facts, intro: str | None = None, examples=None) -> Persona:
+        """A grounded persona from ``facts`` (a dict, or (key, value) pairs; a "" key makes the
+        value a fact sentence): the system text lists them, and unless ``examples`` are given, the
+        examples are the common questions one of the facts answers plus two declined ones."""
+        facts = tuple((str(k).strip(), str(v).strip().rstrip(".")) for k, v in (facts.items() if isinstance(facts, dict) else facts))
+        if not facts:
+            raise PersonaError("a grounded persona needs at least one fact")
+        if examples is None:
+            examples = grounded_examples(name, facts)
+        return cls(system=grounded_system(name, facts, intro), examples=tuple((str(q), str(a)) for q, a in examples),
+                   facts=facts, name=name)
+
+    @classmethod
+    def from_instructions(cls, text: str) -> Persona:
+        """The persona for a Realtime client's free-text ``instructions``: "key: value" lines
+        become facts, and so do the sentences of a text naming a business ("You answer the phone
+        for Rapid Wheels. The owner is Tom. ..."); the lines or first sentence that say who the
+        assistant is stay its introduction.  Text with no facts in it stays a plain system prompt."""
+        text = text.strip()
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        facts = [m.groups() for ln in lines if (m := _KEY_VALUE.match(ln))]
+        name = _business_name(text)
+        # the rest says who the assistant is (a grounded persona's own text comes back whole: its rule
+        # sentence and its "Facts:" heading are not repeated)
+        intro = " ".join(ln for ln in lines if not _KEY_VALUE.match(ln) and not ln.endswith(":")).replace(_rules(name or "us"), "")
+        intro = " ".join(intro.split())
+        if not facts and name:
+            sentences = [x.strip() for x in _SENTENCE.split(" ".join(lines)) if x.strip()]
+            intro_sentences = [x for x in sentences if _ROLE.search(x)]
+            facts = [_sentence_fact(part) for x in sentences if x not in intro_sentences for part in _split_compound(x)]
+            intro = " ".join(intro_sentences)
+        if not facts:
+            return cls(system=text, examples=(), facts=())
+        return cls.from_facts(name or "us", facts, intro=intro or None)
 
     @classmethod
     def from_file(cls, path) -> Persona:
-        """A JSON file ``{"system": "...", "examples": [["question", "answer"], ...]}``."""
+        """A JSON file ``{"system": "...", "examples": [["question", "answer"], ...]}``, or a grounded
+        one ``{"name": "...", "facts": {"key": "value", ...}}`` (optional "intro", "examples")."""
         import json
         from pathlib import Path
 
         try:
             data = json.loads(Path(path).read_text())
-            system = data["system"]
             examples = tuple((str(q), str(a)) for q, a in data.get("examples", []))
+            if "facts" in data:
+                facts = data["facts"]
+                pairs = facts.items() if isinstance(facts, dict) else [tuple(f) for f in facts]
+                return cls.from_facts(str(data.get("name") or "us"), [(k, v) for k, v in pairs], intro=data.get("intro"),
+                                      examples=examples or None)
+            system = data["system"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise PersonaError(f"bad persona file {path}: {exc} (expected {{\"system\": str, \"examples\": [[q, a], ...]}})") from None
+            raise PersonaError(f"bad persona file {path}: {exc} (expected {{\"system\": str, \"examples\": [[q, a], ...]}} "
+                               f"or {{\"name\": str, \"facts\": {{key: value}}}})") from None
         if not isinstance(system, str) or not system.strip():
             raise PersonaError(f"bad persona file {path}: 'system' must be a non-empty string")
         return cls(system=system, examples=examples)
 
+    def turn(self, user_text: str, previous: str | None = None) -> tuple[list[dict], str]:
+        """The messages of one user turn and the text the answer starts with: for a grounded
+        persona the user's message, then a "Fact:" message with the facts that answer it (those of
+        the ``previous`` question when this one leans back on it), and a decline when none does."""
+        msgs = [{"role": "user", "content": user_text}]
+        if not self.grounded:
+            return msgs, ""
+        chosen = relevant_facts(self.facts, user_text)
+        if not chosen and previous and _LEANS_BACK.search(user_text):
+            chosen = relevant_facts(self.facts, previous)
+        hint = "Fact: " + " ".join(_answer(k, v) for k, v in chosen) if chosen else "Fact: none."
+        return msgs + [{"role": "system", "content": hint}], "" if chosen else DECLINE
+
     def opening(self) -> list[dict]:
         msgs = [{"role": "system", "content": self.system}]
         for q, a in self.examples:
-            msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+            msgs += self.turn(q)[0] + [{"role": "assistant", "content": a}]
         return msgs
 
 
@@ -71,9 +321,12 @@ class LLMConversation:
     persona: Persona = field(default_factory=Persona)
     max_tokens: int = 48
     sampling: SamplingParams = GREEDY
-    #: Earlier exchanges shown to the model (None = all).  A 135M model copies its previous
-    #: answers when it sees many of them; one exchange keeps follow-ups working.
-    history_turns: int | None = 1
+    #: Earlier exchanges shown to the model (None = all).  A 135M model copies its previous answer
+    #: when it sees it ("Who is the owner?" after the address got the address): with a grounded
+    #: persona, the facts a follow-up needs come with it (the previous question's, when it leans
+    #: back on it), so none are shown (bench/answers.py: fact accuracy 0.98 and no repeated reply with
+    #: none; with one, 0.92 and 9 replies repeating the previous answer, and 58 prompt tokens a turn, not 33).
+    history_turns: int | None = 0
     history: list[dict] = field(default_factory=list)  # every turn, as heard
 
     def __post_init__(self):
@@ -113,13 +366,24 @@ class LLMConversation:
         ids = self.generator.encode_chat(self.context(), add_generation_prompt=False)
         return self.generator.prefill(ids)
 
+    def _turn(self, user_text: str) -> tuple[list[int], str]:
+        previous = next((m["content"] for m in reversed(self.history[len(self._opening):]) if m["role"] == "user"), None)
+        msgs, start = self.persona.turn(user_text, previous)
+        ids = self.generator.encode_chat(self.context() + msgs)
+        return (ids + self.generator.tokenizer.encode(start) if start else ids), start
+
     def prompt_ids(self, user_text: str) -> list[int]:
-        return self.generator.encode_chat(self.context() + [{"role": "user", "content": user_text}])
+        """The whole prompt of the answer to ``user_text``: ``context()``, the user's message (with a
+        grounded persona, the facts that answer it after it) and the answer's forced start, if any."""
+        return self._turn(user_text)[0]
 
     def reply(self, user_text: str) -> Iterator[str]:
         """Text pieces of the answer; the first ``next()`` pays the prefill of the new tokens."""
         self._sim0 = self._sim_now()
-        for piece in self.generator.stream(self.prompt_ids(user_text), max_tokens=self.max_tokens, sampling=self.sampling):
+        ids, start = self._turn(user_text)
+        if start:
+            yield start
+        for piece in self.generator.stream(ids, max_tokens=self.max_tokens, sampling=self.sampling):
             if piece.text:
                 yield piece.text
 

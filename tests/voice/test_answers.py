@@ -1,0 +1,186 @@
+"""Answer quality: grounded personas (facts, the "Fact:" message after each question, declines),
+personas from a Realtime client's ``instructions``, and bench/answers.py on the real model (bars:
+fact accuracy >= 0.90, no reply repeated verbatim across questions about different facts, no
+parroting)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from voice.llm import DECLINE, DEFAULT_FACTS, DEFAULT_SYSTEM, LLMConversation, Persona, PersonaError, relevant_facts
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "answers.py"
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_answers", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, mod)  # its dataclasses look their module up
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+DENTIST = {"Hours": "8 am to 5 pm, Monday to Friday", "Weekends": "closed", "Address": "40 Elm Avenue",
+           "Dentist": "Dr. Lena Patel", "Cleaning": "90 dollars", "Parking": "free, behind the building"}
+
+
+def keys(facts, question):
+    return [k for k, _ in relevant_facts(facts, question)]
+
+
+# -- which facts answer a question -------------------------------------------------------------------
+
+@pytest.mark.parametrize("question, expected", [
+    ("Who runs the bakery?", ["Owner"]),
+    ("Where are you located?", ["Address"]),
+    ("When do you close in the evening?", ["Opening hours"]),
+    ("And a sourdough loaf?", ["Sourdough loaf"]),
+    ("What's the weather like today?", []),
+    ("Who won the football game last night?", []),  # "who" alone is not about the owner
+])
+def test_relevant_facts_of_the_default_persona(question, expected):
+    assert keys(DEFAULT_FACTS, question) == expected
+
+
+def test_a_day_outweighs_the_word_open():
+    facts = list(DENTIST.items())
+    assert keys(facts, "Are you open on Saturday?") == ["Weekends"]
+    assert keys(facts, "What time do you open?") == ["Hours"]
+    assert keys(facts, "How much is a cleaning?") == ["Cleaning"]
+
+
+# -- personas ------------------------------------------------------------------------------------------
+
+def test_the_default_persona_is_grounded_and_its_examples_end_with_a_fact():
+    p = Persona()
+    assert p.grounded and p.name == "Bright Bakery" and p.facts == DEFAULT_FACTS and p.system == DEFAULT_SYSTEM
+    assert "Facts:" in p.system and "- Owner: Maria." in p.system
+    msgs = p.opening()
+    assert msgs[0]["role"] == "system"
+    roles = [m["role"] for m in msgs[1:]]
+    assert roles == ["user", "system", "assistant"] * len(p.examples)
+    assert msgs[-2]["content"].startswith("Fact: ") and msgs[-2]["content"] != "Fact: none."
+    declines = [m for m in msgs if m["role"] == "assistant" and m["content"].startswith(DECLINE)]
+    assert len(declines) == 2 and len({m["content"] for m in declines}) == 2
+
+
+def test_a_turn_carries_its_facts_or_starts_a_decline():
+    p = Persona()
+    msgs, start = p.turn("Who is the owner?")
+    assert msgs == [{"role": "user", "content": "Who is the owner?"}, {"role": "system", "content": "Fact: The owner is Maria."}]
+    assert start == ""
+    msgs, start = p.turn("Tell me a story.")
+    assert msgs[1]["content"] == "Fact: none." and start == DECLINE
+
+
+def test_a_follow_up_that_leans_back_takes_the_previous_questions_facts():
+    p = Persona()
+    msgs, start = p.turn("How much is it?", previous="Do you have croissants?")
+    assert msgs[1]["content"] == "Fact: The croissant costs 2 dollars." and start == ""
+    assert p.turn("How much is it?")[1] == DECLINE  # no previous question: nothing to lean on
+    assert p.turn("Can you tell me a joke?", previous="Do you have croissants?")[1] == DECLINE  # does not lean back
+
+
+def test_a_plain_persona_is_not_grounded():
+    p = Persona(system="You sell bikes.", examples=(("Hi?", "Hello!"),))
+    assert not p.grounded and p.facts == ()
+    assert p.opening() == [{"role": "system", "content": "You sell bikes."}, {"role": "user", "content": "Hi?"},
+                           {"role": "assistant", "content": "Hello!"}]
+    assert p.turn("Where are you?") == ([{"role": "user", "content": "Where are you?"}], "")
+
+
+def test_from_facts_builds_the_system_text_and_examples():
+    p = Persona.from_facts("Clearview Dental", DENTIST)
+    assert p.grounded and p.name == "Clearview Dental" and p.facts == tuple(DENTIST.items())
+    assert p.system.startswith("You are the phone assistant of Clearview Dental.")
+    assert all(f"- {k}: {v}." in p.system for k, v in DENTIST.items())
+    answers = [a for _, a in p.examples]
+    assert "The hours are 8 am to 5 pm, Monday to Friday." in answers and "The address is 40 Elm Avenue." in answers
+    assert "The cleaning costs 90 dollars." in answers
+    with pytest.raises(PersonaError):
+        Persona.from_facts("Nobody", {})
+
+
+def test_from_instructions_reads_key_value_lines():
+    text = "You are the receptionist of Clearview Dental. Be brief.\n" + "\n".join(f"{k}: {v}." for k, v in DENTIST.items())
+    p = Persona.from_instructions(text)
+    assert p.name == "Clearview Dental" and dict(p.facts) == DENTIST
+    assert p.system.startswith("You are the receptionist of Clearview Dental. Be brief. Answer in one short sentence")
+
+
+def test_from_instructions_reads_the_sentences_of_a_business_text():
+    text = ("You answer the phone for Rapid Wheels, a bike repair shop. We are open from 10 am to 7 pm, Monday to Saturday. "
+            "The owner is Tom. Fixing a flat tire costs 15 dollars and a full tune-up costs 60 dollars.")
+    p = Persona.from_instructions(text)
+    assert p.name == "Rapid Wheels"
+    assert dict(p.facts) == {"Opening hours": "from 10 am to 7 pm, Monday to Saturday", "Owner": "Tom",
+                             "Fixing a flat tire": "15 dollars", "Full tune-up": "60 dollars"}
+    assert p.system.startswith("You answer the phone for Rapid Wheels, a bike repair shop. Answer")
+
+
+def test_from_instructions_without_facts_stays_a_plain_prompt():
+    assert Persona.from_instructions("  Be brief.  ") == Persona(system="Be brief.", examples=(), facts=())
+    assert not Persona.from_instructions("Answer in French. Be friendly.").grounded
+
+
+def test_the_default_persona_comes_back_from_its_own_text():
+    """The server advertises the default persona's system text as its instructions; a client that
+    sends it back (or edits one fact of it) gets the same grounding."""
+    assert Persona.from_instructions(DEFAULT_SYSTEM) == Persona()
+    edited = Persona.from_instructions(DEFAULT_SYSTEM.replace("Maria", "Anna"))
+    assert dict(edited.facts)["Owner"] == "Anna" and edited.system.count("Answer in one short sentence") == 1
+
+
+def test_from_file_accepts_facts(tmp_path):
+    f = tmp_path / "dentist.json"
+    f.write_text(json.dumps({"name": "Clearview Dental", "facts": DENTIST}))
+    assert Persona.from_file(f) == Persona.from_facts("Clearview Dental", DENTIST)
+    f.write_text(json.dumps({"system": "You sell bikes.", "examples": [["Hi?", "Hello!"]]}))
+    assert not Persona.from_file(f).grounded
+    f.write_text(json.dumps({"name": "X", "facts": {}}))
+    with pytest.raises(PersonaError):
+        Persona.from_file(f)
+
+
+def test_the_bench_covers_three_personas_follow_ups_and_off_topic():
+    b = bench()
+    questions = [q for s in b.SPECS.values() for c in s.conversations + s.held_out for q in c]
+    assert len(b.SPECS) >= 3 and len(questions) >= 40
+    assert sum(q.off_topic for q in questions) >= 6
+    assert all(len(c) > 1 for s in b.SPECS.values() for c in s.conversations)  # every conversation has follow-ups
+    assert b.check(b.Q("x", "off:x"), "I'm afraid I don't know about the weather.")
+    assert not b.check(b.Q("x", "off:x"), "The weather is sunny, 25 degrees.")
+    assert b.parrots("Who is the owner?", "Who is the owner? Maria.")
+
+
+# -- on the real model --------------------------------------------------------------------------------
+
+def test_context_is_the_prompts_prefix(generator):
+    """The end-of-turn scorer reads ``context()`` + the user's text: it must be how the prompt starts."""
+    llm = LLMConversation(generator)
+    llm.commit("Where are you located?", "The address is 12 Harbor Street.")
+    user = {"role": "user", "content": "Who is the owner?"}
+    head = generator.encode_chat(llm.context() + [user], add_generation_prompt=False)
+    ids = llm.prompt_ids(user["content"])
+    assert ids[:len(head)] == head and "Fact: The owner is Maria." in generator.tokenizer.decode(ids[len(head):])
+    assert llm.context() == Persona().opening()  # history_turns=0: the last answer is not shown
+
+
+def test_a_decline_streams_its_start_first(generator):
+    llm = LLMConversation(generator)
+    pieces = list(llm.reply("Can you sing me a song?"))
+    assert pieces[0] == DECLINE and len("".join(pieces)) > len(DECLINE)
+
+
+def test_the_bench_meets_its_bars(generator):
+    rows, summary = bench().run(generator=generator)
+    a = summary["all"]
+    bad = [(r.persona, r.question, r.reply) for r in rows if not r.ok]
+    assert a["fact_accuracy"] >= 0.9, bad
+    assert a["repeat_groups"] == 0 and a["parroting"] == 0, bad
+    assert a["off_topic_pass"] >= 0.75, bad
