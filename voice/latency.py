@@ -154,17 +154,18 @@ def percentile(values, q: float) -> float | None:
     return vals[lo] + (vals[hi] - vals[lo]) * (k - lo)
 
 
+def _p50_p95(values) -> dict:
+    p50, p95 = percentile(values, 0.5), percentile(values, 0.95)
+    return {"p50": None if p50 is None else round(p50, 1), "p95": None if p95 is None else round(p95, 1)}
+
+
 def summarize(reports: list[TurnReport]) -> dict:
     """p50/p95 of every stage and the budget hit rate over ``reports``."""
     out = {"turns": len(reports)}
     for stage in STAGES:
-        vals = [r.latency_ms[stage] for r in reports]
-        p50, p95 = percentile(vals, 0.5), percentile(vals, 0.95)
-        out[stage] = {"p50": None if p50 is None else round(p50, 1), "p95": None if p95 is None else round(p95, 1)}
+        out[stage] = _p50_p95([r.latency_ms[stage] for r in reports])
     for name in WORK:
-        vals = [r.work_ms[name] for r in reports]
-        p50, p95 = percentile(vals, 0.5), percentile(vals, 0.95)
-        out[name] = {"p50": None if p50 is None else round(p50, 1), "p95": None if p95 is None else round(p95, 1)}
+        out[name] = _p50_p95([r.work_ms[name] for r in reports])
     rules = [r.end_of_turn["rule"] for r in reports if r.end_of_turn]
     out["end_of_turn_rules"] = {rule: rules.count(rule) for rule in sorted(set(rules))}
     answered = [r for r in reports if r.voice_to_voice_ms is not None]

@@ -215,7 +215,7 @@ def main(argv=None) -> None:
     ctxs = contexts(Persona().opening())
     feats, ys, groups = [], [], []
     t0 = time.perf_counter()
-    for ci, (name, ctx) in enumerate(ctxs.items()):
+    for name, ctx in ctxs.items():
         for i, (text, label, g) in enumerate(rows):
             f, _ = scorer.features(ctx, text)
             feats.append(f)

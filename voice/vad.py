@@ -92,8 +92,9 @@ class EndpointerConfig:
     noise_gate_db: float | None = 9.0
     floor_window_ms: int = 1500
     #: Word endings webrtcvad misses (final fricatives and stop bursts: it listens to 0-4 kHz): before a pause is
-    #: reached, frames whose power above ``TAIL_BAND_HZ`` is this many dB above that band's floor still count as the utterance's voice (not as an onset), for
-    #: at most ``tail_ms`` after webrtcvad's last voiced frame (None = off).  Without it the last voiced sample of
+    #: reached, frames whose power above ``TAIL_BAND_HZ`` is this many dB above that band's floor still count as
+    #: the utterance's voice (not as an onset), for at most ``tail_ms`` after webrtcvad's last voiced frame
+    #: (None = off).  Without it the last voiced sample of
     #: "...cost?" or "...address?" was found 190-300 ms early, and by how much depended on the noise: a faint hiss
     #: moved the endpoint by 150 ms against silence, and the same speech in -50 dBFS noise by 210 ms.
     tail_db: float | None = 10.0

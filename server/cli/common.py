@@ -52,10 +52,9 @@ def voice_flags(sp) -> None:
 
 
 def loop_config(args):
-    from voice.loop import LoopConfig
-
     from dataclasses import replace
 
+    from voice.loop import LoopConfig
     from voice.loop_config import MAX_STOP_MS
     from voice.turn_end import TurnEndPolicy
 

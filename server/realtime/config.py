@@ -1,7 +1,8 @@
 """The negotiated session configuration of a Realtime session, and its validation from ``session.update``.
 
 Owns: ``SessionConfig`` (instructions, voice, output modalities, input/output PCM rates) and ``TurnDetection``
-(``semantic_vad``, the default: our end-of-turn model, ``voice.turn_end``; or ``server_vad``: silence alone), their wire form (the ``session`` object of ``session.created`` /
+(``semantic_vad``, the default: our end-of-turn model, ``voice.turn_end``; or ``server_vad``: silence alone),
+their wire form (the ``session`` object of ``session.created`` /
 ``session.updated``), and ``apply_session_update``: a ``session.update`` message checked field by field and
 applied all or nothing.  Also the field readers the codec shares (``read``, ``nonneg``, ``FieldError``).
 
@@ -11,7 +12,7 @@ allow; a session at another rate reports it, outside openai's schema.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 DEFAULT_RATE = 24000

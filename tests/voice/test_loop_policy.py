@@ -210,7 +210,8 @@ def test_speculation_holds_its_audio_until_the_endpoint_adopts_it():
     r = end.report
     assert s.loop.reports == [r] and r.mitigations == ("speculative",) and not r.barge_in
     assert r.stamps == {"speech_start": _approx(0.5), "last_voiced": _approx(LAST / ASR_RATE), "endpoint": _approx(1.9),
-                        "pause": _approx(1.62), "asr_start": _approx(1.62), "transcript": _approx(1.67), "first_token": _approx(1.71), "first_phrase": _approx(1.72),
+                        "pause": _approx(1.62), "asr_start": _approx(1.62),
+                        "transcript": _approx(1.67), "first_token": _approx(1.71), "first_phrase": _approx(1.72),
                         "tts_first_audio": _approx(1.74), "answer_audio": _approx(1.9), "first_audio": _approx(1.9),
                         "done": _approx(3.16)}  # played out at 3.15 s, seen at the next 20 ms of input
     lat = r.latency_ms

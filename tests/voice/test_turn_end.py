@@ -16,8 +16,8 @@ from decode import Generator
 from voice.llm import Persona
 from voice.turn_end import (
     EAGERNESS,
-    Decision,
     HEAD_PATH,
+    Decision,
     TurnEndHead,
     TurnEndPolicy,
     TurnEndScore,
