@@ -287,9 +287,11 @@ class Model:
     float prefill's speed, and every prompt token gets exactly what a decode step would give it.
     ``False``: prompts on the float kernels (``matmat``).  Either way the KV cache holds values
     rounded to halves, as llama.cpp's default f16 cache does.
+    ``warm`` (default): run one scratch decode step at load (``warm_up``).
     """
 
-    def __init__(self, path=None, n_ctx: int | None = None, int_kernels: bool | str = True, int_prefill: bool = True):
+    def __init__(self, path=None, n_ctx: int | None = None, int_kernels: bool | str = True, int_prefill: bool = True,
+                 warm: bool = True):
         self.file = open_gguf(path)
         self.config = self.file.config
         self.weights = load_weights(self.file)
@@ -301,6 +303,16 @@ class Model:
         self.int_prefill = bool(int_prefill and self.kernels)
         self._stack = self._stack_args()
         self._batch = threading.local()  # forward_batch's scratch, per calling thread
+        if warm:
+            self.warm_up()
+
+    def warm_up(self) -> float:
+        """One decode step on a scratch sequence, so that the kernels are loaded from numba's cache
+        (or compiled) and the thread team is up before the first real token: the first call of the
+        layer stack costs 30-110 ms in a fresh process, now paid at load.  Returns its seconds."""
+        t0 = time.perf_counter()
+        self.forward(self.new_state(), [0], 0)
+        return time.perf_counter() - t0
 
     def new_state(self) -> RunState:
         """Scratch buffers and an empty KV cache for one sequence."""

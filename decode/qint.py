@@ -159,30 +159,33 @@ def half_round(v):
 
 @njit(**_JIT)
 def quantize_q8(x, xq, xd, xs, xm):
-    """Rows ``x (B, n)`` as 8-bit blocks: ``xq`` (flat int8, ``B * n``), scales ``xd``, integer
-    sums ``xs`` and min terms ``xm`` (flat, ``B * n / 32``), row after row.  ``q = rint(x * (1 / d))``
-    with ``d = max|x| / 127`` (ties to even, as llama.cpp's vectorized ``quantize_row_q8_0``), then
-    ``xd = half(d)`` and ``xm = half(d * sum(q))``: the halves its Q8 blocks store."""
-    B, n = x.shape
+    """Rows ``x (B, n)`` (C-contiguous) as 8-bit blocks: ``xq`` (flat int8, ``B * n``), scales ``xd``,
+    integer sums ``xs`` and min terms ``xm`` (flat, ``B * n / 32``), row after row.
+    ``q = rint(x * (1 / d))`` with ``d = max|x| / 127`` (ties to even, as llama.cpp's vectorized
+    ``quantize_row_q8_0``), then ``xd = half(d)`` and ``xm = half(d * sum(q))``: the halves its Q8
+    blocks store."""
+    _quantize(x, x.shape[1], xq, xd, xs, xm)
+
+
+@njit(inline="always", **_JIT)
+def _quantize(x, n, xq, xd, xs, xm):
+    """``quantize_q8`` of the first ``n`` columns of each row of ``x`` (C-contiguous), 16 lanes at
+    a time: the largest ``|x|`` and the codes' sum are order-free, the rest is per element, so
+    the numbers are those of the scalar definition."""
+    B, stride = x.shape
     nb = n // 32
-    bs = n // nb if nb else 32  # 32, as a run-time value: LLVM vectorizes the loops instead of unrolling them
     for s in range(B):
         for b in range(nb):
-            # max |x| as the largest bit pattern without the sign (the same order for finite
-            # floats): an integer reduction, which LLVM vectorizes without fast-math
-            top = np.int32(0)
-            for j in range(bs):
-                a = simd.f32_bits(x[s, b * 32 + j]) & np.int32(0x7FFFFFFF)
-                top = a if a > top else top
-            dx = simd.bits_f32(top) / np.float32(127.0)
+            lo, hi = simd.fload(x, s * stride + b * 32), simd.fload(x, s * stride + b * 32 + 16)
+            a, c = simd.fabsmax(lo), simd.fabsmax(hi)
+            dx = (a if a > c else c) / np.float32(127.0)
             inv = np.float32(1.0) / dx if dx != np.float32(0.0) else np.float32(0.0)
-            total = np.int32(0)
+            q0, q1 = simd.vquant(lo, inv), simd.vquant(hi, inv)
             o = s * n + b * 32
-            for j in range(bs):
-                q = np.int32(np.rint(x[s, b * 32 + j] * inv))
-                xq[o + j] = q
-                total += q
+            simd.vstore_i8(xq, o, q0)
+            simd.vstore_i8(xq, o + 16, q1)
             xd[s * nb + b] = half_round(dx)
+            total = simd.vhsum(simd.vadd(q0, q1))
             xs[s * nb + b] = total
             xm[s * nb + b] = half_round(dx * np.float32(total))
 
@@ -239,13 +242,13 @@ def _prepare(x, prep, norm, eps, xn, xq, xd, xs, xm):
     """Quantize the kernels' input (see ``PREP_*``); returns its length."""
     if prep == PREP_SWIGLU:
         swiglu_rows(x)
-        quantize_q8(x[:, :x.shape[1] // 2], xq, xd, xs, xm)
+        _quantize(x, x.shape[1] // 2, xq, xd, xs, xm)
         return x.shape[1] // 2
     if prep == PREP_RMSNORM:
         rmsnorm(x, norm, eps, xn)
-        quantize_q8(xn, xq, xd, xs, xm)
+        _quantize(xn, xn.shape[1], xq, xd, xs, xm)
     else:
-        quantize_q8(x, xq, xd, xs, xm)
+        _quantize(x, x.shape[1], xq, xd, xs, xm)
     return x.shape[1]
 
 
@@ -305,15 +308,18 @@ def _q4_unpack(qs, base):
 
 @njit(inline="always", **_JIT)
 def _q4_dot(w, xq, xo):
-    """Sums of the unpacked Q4 block ``w`` times activations ``xq[xo : xo + 32]``, per lane."""
-    a = simd.vdpbusd(simd.vsplat(np.int32(0)), w[0], simd.vbcast4(xq, xo))
-    a = simd.vdpbusd(a, w[1], simd.vbcast4(xq, xo + 16))
+    """Sums of the unpacked Q4 block ``w`` times activations ``xq[xo : xo + 32]``, per lane (two
+    independent chains of ``vpdpbusd``, added at the end: integer sums, so the same result)."""
+    z = simd.vsplat(np.int32(0))
+    a = simd.vdpbusd(z, w[0], simd.vbcast4(xq, xo))
+    b = simd.vdpbusd(z, w[1], simd.vbcast4(xq, xo + 16))
     a = simd.vdpbusd(a, w[2], simd.vbcast4(xq, xo + 4))
-    a = simd.vdpbusd(a, w[3], simd.vbcast4(xq, xo + 20))
+    b = simd.vdpbusd(b, w[3], simd.vbcast4(xq, xo + 20))
     a = simd.vdpbusd(a, w[4], simd.vbcast4(xq, xo + 8))
-    a = simd.vdpbusd(a, w[5], simd.vbcast4(xq, xo + 24))
+    b = simd.vdpbusd(b, w[5], simd.vbcast4(xq, xo + 24))
     a = simd.vdpbusd(a, w[6], simd.vbcast4(xq, xo + 12))
-    return simd.vdpbusd(a, w[7], simd.vbcast4(xq, xo + 28))
+    b = simd.vdpbusd(b, w[7], simd.vbcast4(xq, xo + 28))
+    return simd.vadd(a, b)
 
 
 @njit(inline="always", **_JIT)
@@ -324,14 +330,16 @@ def _q8_load(qs, base):
 
 @njit(inline="always", **_JIT)
 def _q8_dot(w, xq, xo):
-    a = simd.vdpbusd(simd.vsplat(np.int32(0)), w[0], simd.vbcast4(xq, xo))
-    a = simd.vdpbusd(a, w[1], simd.vbcast4(xq, xo + 4))
+    z = simd.vsplat(np.int32(0))
+    a = simd.vdpbusd(z, w[0], simd.vbcast4(xq, xo))
+    b = simd.vdpbusd(z, w[1], simd.vbcast4(xq, xo + 4))
     a = simd.vdpbusd(a, w[2], simd.vbcast4(xq, xo + 8))
-    a = simd.vdpbusd(a, w[3], simd.vbcast4(xq, xo + 12))
+    b = simd.vdpbusd(b, w[3], simd.vbcast4(xq, xo + 12))
     a = simd.vdpbusd(a, w[4], simd.vbcast4(xq, xo + 16))
-    a = simd.vdpbusd(a, w[5], simd.vbcast4(xq, xo + 20))
+    b = simd.vdpbusd(b, w[5], simd.vbcast4(xq, xo + 20))
     a = simd.vdpbusd(a, w[6], simd.vbcast4(xq, xo + 24))
-    return simd.vdpbusd(a, w[7], simd.vbcast4(xq, xo + 28))
+    b = simd.vdpbusd(b, w[7], simd.vbcast4(xq, xo + 28))
+    return simd.vadd(a, b)
 
 
 @njit(inline="always", **_JIT)

@@ -13,7 +13,7 @@ declares a numba type ``I32x16`` for LLVM's ``<16 x i32>`` and intrinsics on it:
 ``vdpbusd_avx2``, ``_q8_avx2``     the same sums from AVX2's ``pmaddubsw`` + ``pmaddwd`` (Q4 codes;
                                    Q8_0's codes less 128)
 ``vstore(a, i, v)``                the 16 lanes into int32 array ``a`` from element ``i``
-``vsub(a, b)``                     lane-wise int32 difference
+``vadd(a, b)``, ``vsub(a, b)``     lane-wise int32 sum and difference
 ``F32x16``: ``fsplat``, ``fadd``,  float32 vectors: splat, IEEE add and multiply (no fast-math
 ``fmul``, ``fload``, ``fstore``    flags, so never fused or reordered), load, store
 ``vtofloat(a)``                    int32 lanes as float32
@@ -21,6 +21,8 @@ declares a numba type ``I32x16`` for LLVM's ``<16 x i32>`` and intrinsics on it:
 ``half_bits(v)``                   a float32 rounded to a half (nearest, ties to even), as uint16 bits
 ``f32_bits(v)``, ``bits_f32(i)``   a float32's bit pattern as int32 and back (scalars)
 ``fhsum(v)``                       the 16 lanes of ``v`` added in one fixed order (a pairwise tree)
+``fabsmax(v)``, ``vquant(v, inv)``  an activation block's largest ``|x|`` and its codes ``rint(x * inv)``
+``vstore_i8(a, i, v)``, ``vhsum``  the codes stored as int8, and their int32 sum
 =================================  ===========================================================
 
 ``vdpbusd`` compiles only for a CPU with AVX-512 VNNI: call it only when ``has_vnni()`` says so
@@ -207,6 +209,14 @@ def vstore(typingctx, arr, index, v):
 
 
 @intrinsic
+def vadd(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], args[1])
+
+    return I32x16(I32x16, I32x16), codegen
+
+
+@intrinsic
 def vsub(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.sub(args[0], args[1])
@@ -346,6 +356,69 @@ def bits_f32(typingctx, v):
         return builder.bitcast(context.cast(builder, args[0], sig.args[0], types.int32), ir.FloatType())
 
     return types.float32(v), codegen
+
+
+def _llvm_fn(builder, name, ret, argtys):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, argtys), name)
+
+
+@intrinsic
+def fabsmax(typingctx, v):
+    """The largest ``|lane|`` of ``v`` (as the largest bit pattern without the sign: the same
+    value as comparing the floats, for finite ones; order-free, so exact)."""
+    if v != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        bits = builder.and_(builder.bitcast(args[0], _V16), ir.Constant(_V16, [0x7FFFFFFF] * 16))
+        top = builder.call(_llvm_fn(builder, "llvm.vector.reduce.umax.v16i32", _I32, [_V16]), [bits])
+        return builder.bitcast(top, ir.FloatType())
+
+    return types.float32(F32x16), codegen
+
+
+@intrinsic
+def vquant(typingctx, v, inv):
+    """``rint(v * inv)`` in each lane (nearest, ties to even) as int32: the 8-bit codes of an
+    activation block (``|v * inv|`` <= 127)."""
+    if v != F32x16 or inv != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        vec = builder.insert_element(ir.Constant(_F16, ir.Undefined), args[1], ir.Constant(_I32, 0))
+        scaled = builder.fmul(args[0], builder.shuffle_vector(vec, vec, ir.Constant(_V16, None)))
+        rounded = builder.call(_llvm_fn(builder, "llvm.rint.v16f32", _F16, [_F16]), [scaled])
+        return builder.fptosi(rounded, _V16)
+
+    return I32x16(F32x16, types.float32), codegen
+
+
+@intrinsic
+def vstore_i8(typingctx, arr, index, v):
+    """The 16 int32 lanes of ``v`` (each within -128..127) as 16 bytes of int8 array ``arr`` from
+    (flat) element ``index``."""
+    if not isinstance(arr, types.Array) or arr.layout != "C" or arr.dtype != types.int8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i8x16 = ir.VectorType(ir.IntType(8), 16)
+        p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.store(builder.trunc(args[2], i8x16), builder.bitcast(p, i8x16.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.void(arr, types.intp, I32x16), codegen
+
+
+@intrinsic
+def vhsum(typingctx, v):
+    """The 16 int32 lanes of ``v`` added (integers: any order, one result)."""
+    if v != I32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.call(_llvm_fn(builder, "llvm.vector.reduce.add.v16i32", _I32, [_V16]), [args[0]])
+
+    return types.int32(I32x16), codegen
 
 
 def target_features() -> set[str]:
