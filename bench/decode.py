@@ -454,8 +454,9 @@ def main() -> None:
     figures["fresh_warm"] = warm
     if not args.no_cold:
         cold = fresh_process_first_token(cold=True)
-        print(f"fresh process, empty numba cache: first token {cold['first_token_ms'] / 1000:.1f} s "
-              f"({cold['compiled']} compilations), whole run {cold['wall_s']:.1f} s")
+        print(f"fresh process, empty numba cache: load {cold['load_ms'] / 1000:.1f} s (compiling at the load's "
+              f"warm-up step), first token {cold['first_token_ms']:.0f} ms ({cold['compiled']} compilations), "
+              f"whole run {cold['wall_s']:.1f} s")
         figures["fresh_cold"] = cold
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
