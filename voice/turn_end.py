@@ -176,7 +176,10 @@ class TurnEndPolicy:
     "Sorry, who owns it?"), which heard alone is a whole greeting."""
 
     eagerness: str = "medium"
-    confident: float = 0.5
+    #: 0.6, not 0.5: on the trainer's held-out texts 0.6 closes 92% of complete turns early and 4.2%
+    #: of unfinished ones (0.5: 95% and 6.6%); with a cut-off counted as three late answers (the
+    #: user is answered over and then repeats), 0.6 costs least of 0.2-0.7 (``turn_end_train``)
+    confident: float = 0.6
     unfinished: float = 0.2
     min_words: int = 2
 

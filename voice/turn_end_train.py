@@ -194,6 +194,11 @@ def contexts(llm_opening: list[dict]) -> dict[str, list[dict]]:
     return {"persona": llm_opening, "bare": [{"role": "system", "content": "You are a helpful phone assistant."}]}
 
 
+#: What a cut-off (the user answered mid-sentence) costs next to a late answer (a complete turn
+#: that waits the middle silence), for the threshold table ``main`` prints.
+CUT_OFF_COST = 3.0
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="GGUF file (default: the bundled SmolLM2-135M-Instruct)")
@@ -236,8 +241,9 @@ def main(argv=None) -> None:
     zero = np.exp(x[:, -1])
     zero_rates = rates(zero[held], y[held], 0.3, 0.001)
     for c in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7):
-        print(f"  threshold {c:.1f}: complete closed early {np.mean(p_held[y[held] == 1] >= c):.3f}, "
-              f"unfinished closed early {np.mean(p_held[y[held] == 0] >= c):.3f}", file=sys.stderr)
+        early, cut = np.mean(p_held[y[held] == 1] >= c), np.mean(p_held[y[held] == 0] >= c)
+        print(f"  threshold {c:.1f}: complete closed early {early:.3f}, unfinished closed early {cut:.3f}, "
+              f"cost {CUT_OFF_COST * cut + (1 - early):.3f}", file=sys.stderr)
     w, b = fit_logistic(xs, y, args.l2)
     p_all = 1.0 / (1.0 + np.exp(-(xs @ w + b)))
     info = {"texts": len(rows), "contexts": list(ctxs), "rows": int(len(y)), "complete": int(y.sum()), "l2": args.l2,
