@@ -48,7 +48,7 @@ from .playout import Playout
 from .protocols import ASR_RATE, Clock, Conversation, Sink, Synthesizer, Transcriber
 from .turn_end import TurnEndScorer
 from .turns import TurnEvent, TurnMachine, TurnState
-from .vad import Endpointer, EndpointerConfig, Pause, SpeechResumed, SpeechStarted, SpeechStopped, VadEvent
+from .vad import EarlyPause, EarlyResume, Endpointer, EndpointerConfig, Pause, SpeechResumed, SpeechStarted, SpeechStopped, VadEvent
 from .vad import State as VadState
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
@@ -76,6 +76,7 @@ class _Response:
     first_voiced: int
     last_voiced: int
     speculative: bool
+    heard_until: int = 0  # the end (exclusive) of the audio it transcribes
     stamps: dict = field(default_factory=dict)
     transcript: str = ""
     transcribed: bool = False
@@ -200,13 +201,23 @@ class VoiceLoop:
         match ev:
             case SpeechStarted():
                 self._speech_started(ev, now, bool(busy))
-            case Pause():
-                if self.cfg.speculative and self._trace is not None and self._task is None:
+            case EarlyPause():
+                if self.cfg.speculative and self._trace is not None and self._task is None and self._spec is None:
                     self._spec = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=True)
                     self._spec.stamp("pause", now)
+            case Pause():
+                if self.cfg.speculative and self._trace is not None and self._task is None:
+                    spec = self._spec
+                    if spec is not None and spec.heard_until > ev.last_voiced_sample:
+                        spec.last_voiced = ev.last_voiced_sample  # an early pause's work heard all of it: it stands
+                    else:
+                        self._drop_spec()
+                        self._spec = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=True)
+                    self._spec.stamp("pause", now)
                     if self._semantic():  # until the score is in, wait as for an unsure turn (a slow ASR cuts no one off)
-                        self.vad.set_stop_ms(self.cfg.end_of_turn.waiting_ms)
-            case SpeechResumed():
+                        ms, self._stop_ms = self._stop_ms, None  # ... unless it is in (work started at an early pause)
+                        self.vad.set_stop_ms(self.cfg.end_of_turn.waiting_ms if ms is None else ms)
+            case SpeechResumed() | EarlyResume():
                 self._drop_spec()
             case SpeechStopped():
                 self._speech_stopped(ev, now)
@@ -319,8 +330,19 @@ class VoiceLoop:
     # -- responses ----------------------------------------------------------------------------
 
     def _start(self, first: int, last: int, speculative: bool) -> _Response:
-        r = _Response(first_voiced=first, last_voiced=last, speculative=speculative, released=not speculative)
-        r.gen = self._respond(r, self.input.utterance(first, last, self.cfg.padding_ms))
+        pad = self.cfg.padding_ms * ASR_RATE // 1000
+        r = _Response(first_voiced=first, last_voiced=last, speculative=speculative, released=not speculative,
+                      heard_until=min(self.input.end_sample, last + pad))
+        audio = self.input.utterance(first, last, self.cfg.padding_ms)
+        missing = last + pad - r.heard_until
+        if speculative and missing > 0:
+            # at a pause the rest of the padding is not heard yet: the background heard since the last voiced sample,
+            # repeated, so that Whisper hears the same kind of ending at an early pause as at a later one (audio cut
+            # right after the voice, or digital silence after room noise, changes its punctuation)
+            quiet = audio[len(audio) - max(0, r.heard_until - last - 1):]
+            fill = np.resize(quiet, missing) if len(quiet) else np.zeros(missing, dtype=audio.dtype)
+            audio = np.concatenate([audio, fill.astype(audio.dtype)])
+        r.gen = self._respond(r, audio)
         return r
 
     def _drop_spec(self) -> None:
@@ -464,6 +486,8 @@ class VoiceLoop:
         response's generator: the stop adopts or drops the speculative answer)."""
         if self._stop_ms is None:
             return
+        if self._spec is not None and self.vad.state is VadState.SPEECH:
+            return  # decided at an early pause: it waits for the endpointer's own pause
         ms, self._stop_ms = self._stop_ms, None
         if self._spec is not None and self.vad.state is VadState.PAUSED:
             self.vad.set_stop_ms(ms)

@@ -31,7 +31,7 @@ from voice.loop_events import (
 from voice.playout import Playout
 from voice.protocols import ASR_RATE, Transcript
 from voice.turns import TurnState
-from voice.vad import Pause, SpeechResumed, SpeechStarted, SpeechStopped
+from voice.vad import EarlyPause, EarlyResume, Pause, SpeechResumed, SpeechStarted, SpeechStopped
 
 # -- stand-ins ---------------------------------------------------------------------------------------------------------
 
@@ -190,7 +190,8 @@ def test_speculation_holds_its_audio_until_the_endpoint_adopts_it():
     s.at(STARTED.sample, STARTED)
     s.at(PAUSED.sample, PAUSED)  # a speculative answer starts ...
     s.silence_until(STOPPED.sample)
-    assert s.asr.heard == [PAUSED.sample - (FIRST - 3200)]  # the utterance so far, with 200 ms before it
+    # the utterance so far with 200 ms before it, filled out to 200 ms after it with what was heard since its voice
+    assert s.asr.heard == [LAST + 3200 - (FIRST - 3200)]
     assert s.partials == [QUESTION] and s.llm.opened == [QUESTION]
     assert s.sink.calls == []  # ... and is ready, but held back
     assert s.kinds() == ["UserSpeechStarted"]
@@ -234,7 +235,7 @@ def test_resumed_speech_drops_the_speculation_and_a_later_pause_speculates_again
     s.at(43200, SpeechStopped(sample=43200, first_voiced_sample=FIRST, last_voiced_sample=last, start_pad=4800, end_pad=38400))
     s.loop.finish()
     assert s.partials == ["What time", QUESTION]
-    assert s.asr.heard == [25920 - 4800, last + 3200 - 4800]
+    assert s.asr.heard == [LAST + 3200 - 4800, last + 3200 - 4800]
     assert s.kinds() == ["UserSpeechStarted", "UserSpeechStopped", "TranscriptFinal", "ResponseStarted", "PhraseStarted",
                          "PhraseStarted", "TurnEnded"]
     assert s.events[2] == TranscriptFinal(text=QUESTION)
@@ -251,7 +252,7 @@ def test_a_stop_at_another_last_voiced_sample_answers_afresh():
     later = replace_stop(last=26000)
     s.at(later.sample, later)
     s.loop.finish()
-    assert s.asr.heard == [25920 - 4800, 26000 + 3200 - 4800]  # the speculation, then the whole utterance padded
+    assert s.asr.heard == [LAST + 3200 - 4800, 26000 + 3200 - 4800]  # the speculation, then the whole utterance padded
     (r,) = s.loop.reports
     assert r.transcript == QUESTION and r.mitigations == () and r.latency_ms["asr_ms"] == _approx(50.0)
     assert r.stamps["answer_audio"] > r.stamps["endpoint"]
@@ -260,6 +261,52 @@ def test_a_stop_at_another_last_voiced_sample_answers_afresh():
 def replace_stop(last: int) -> SpeechStopped:
     return SpeechStopped(sample=last + 6401, first_voiced_sample=FIRST, last_voiced_sample=last, start_pad=4800,
                          end_pad=last + 3201)
+
+
+def early(last: int, sample: int) -> EarlyPause:
+    return EarlyPause(sample=sample, first_voiced_sample=FIRST, last_voiced_sample=last, start_pad=4800, end_pad=sample)
+
+
+def test_an_early_pause_starts_the_work_and_the_pause_keeps_it():
+    s = Scene()
+    s.at(STARTED.sample, STARTED)
+    s.at(24960, early(LAST, 24960))  # 60 ms after the voice, before webrtcvad's hangover lets the pause through
+    s.at(PAUSED.sample, PAUSED)  # the same last voiced sample: the work goes on, nothing is transcribed again
+    s.at(STOPPED.sample, STOPPED)
+    s.loop.finish()
+    assert s.asr.heard == [LAST + 3200 - 4800] and s.llm.opened == [QUESTION]
+    (r,) = s.loop.reports
+    assert r.mitigations == ("speculative",) and r.reply == ANSWER
+    assert r.stamps["pause"] == _approx(1.56) and r.stamps["asr_start"] == _approx(1.56)
+    assert r.stamps["tts_first_audio"] == _approx(1.68)  # 60 ms sooner than from the pause (1.74)
+
+
+def test_an_early_resume_drops_the_work():
+    s = Scene(texts=("What", QUESTION), replies={"What": "Yes, any time.", QUESTION: ANSWER})
+    s.at(STARTED.sample, STARTED)
+    s.at(16960, early(16000, 16960))
+    s.silence_until(18400)  # 1.15 s: transcribed, the answer's first word out
+    s.loop.on_vad(EarlyResume(sample=18400))  # the voice went on: the answer to "What" is dropped
+    assert s.llm.opened == ["What"] and s.llm.closed_early == ["What"]
+    s.at(PAUSED.sample, PAUSED)
+    s.at(STOPPED.sample, STOPPED)
+    s.loop.finish()
+    assert len(s.asr.heard) == 2
+    (r,) = s.loop.reports
+    assert r.transcript == QUESTION and r.reply == ANSWER and r.mitigations == ("speculative",)
+    assert [c[1] for c in s.sink.calls] == [_approx(1.9), _approx(2.15)]  # nothing of the dropped answer played
+
+
+def test_a_pause_past_what_the_early_work_heard_starts_afresh():
+    s = Scene(texts=("What time", QUESTION), replies={"What time": "Any time.", QUESTION: ANSWER})
+    s.at(STARTED.sample, STARTED)
+    s.at(20960, early(20000, 20960))  # heard up to 1.31 s; the voice in fact went on to 1.5 s
+    s.at(PAUSED.sample, PAUSED)
+    s.at(STOPPED.sample, STOPPED)
+    s.loop.finish()
+    assert s.asr.heard == [20000 + 3200 - 4800, LAST + 3200 - 4800]
+    (r,) = s.loop.reports
+    assert r.transcript == QUESTION and r.mitigations == ("speculative",) and r.stamps["pause"] == _approx(1.62)
 
 
 def test_without_speculation_a_pause_starts_nothing():
@@ -320,7 +367,7 @@ def test_with_barge_in_off_speech_over_the_answer_is_ignored():
     assert s.kinds()[n:] == ["TurnEnded"]
     end = s.events[-1]
     assert (end.spoken, end.reason) == (ANSWER, None) and end.report.stamps["done"] == _approx(3.16)
-    assert len(s.loop.reports) == 1 and s.loop.barge_ins == [] and s.asr.heard == [21120]
+    assert len(s.loop.reports) == 1 and s.loop.barge_ins == [] and s.asr.heard == [LAST + 3200 - 4800]
     assert not any(c[0] == "clear_after" for c in s.sink.calls)
 
 

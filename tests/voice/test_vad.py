@@ -13,7 +13,10 @@ import webrtcvad
 from scipy.signal import resample_poly
 
 from voice.vad import (
+    HINTS,
     TRANSITIONS,
+    EarlyPause,
+    EarlyResume,
     Endpointer,
     EndpointerConfig,
     IllegalTransition,
@@ -216,6 +219,58 @@ def test_long_gap_is_two_turns(voice):
     first, second = voice["I would like a table"], voice["for two people"]
     pcm = pcm16(np.concatenate([silence(500), first, silence(700), second, silence(800)]))
     assert kinds(run(pcm)) == ["SpeechStarted", "Pause", "SpeechStopped"] * 2
+
+
+# -- the early pause (a hint before webrtcvad's hangover runs out) ---------------------------------------------------
+
+EARLY = EndpointerConfig(early_pause_ms=60)
+
+
+def without_hints(events: list) -> list:
+    return [e for e in events if not isinstance(e, HINTS)]
+
+
+def test_the_early_pause_comes_before_the_pause_and_changes_no_decision(voice):
+    speech = voice["When does the shop open"]
+    pcm = pcm16(np.concatenate([silence(500), speech, silence(900)]))
+    ep = Endpointer(EARLY)
+    ep.feed(pcm)
+    events = ep.events()
+    plain = run(pcm)  # the same input without the hint
+    assert without_hints(events) == plain
+    check_invariants(without_hints(events), EARLY)
+    hint = [e for e in events if isinstance(e, EarlyPause)][-1]
+    pause = next(e for e in plain if isinstance(e, Pause))
+    assert hint.sample <= pause.sample - RATE * 30 // 1000  # at least a frame sooner
+    assert hint.sample >= hint.last_voiced_sample + 1 + RATE * 60 // 1000
+    assert hint.last_voiced_sample >= pause.last_voiced_sample  # it heard all the voice the pause counts
+    assert hint.first_voiced_sample == pause.first_voiced_sample
+
+
+@pytest.mark.parametrize("gap_ms", [200, 300])
+def test_an_early_pause_inside_speech_is_withdrawn_when_the_voice_goes_on(voice, gap_ms):
+    first, second = voice["I would like a table"], voice["for two people"]
+    pcm = pcm16(np.concatenate([silence(500), first, silence(gap_ms), second, silence(900)]))
+    ep = Endpointer(EARLY)
+    ep.feed(pcm)
+    events = ep.events()
+    assert without_hints(events) == run(pcm)
+    names = kinds(events)
+    # every hint is withdrawn or followed by the endpointer's own pause, and only the last stands at the stop
+    for i, name in enumerate(names):
+        if name == "EarlyPause":
+            assert names[i + 1] in ("EarlyResume", "Pause"), names
+        if name == "EarlyResume":
+            assert names[i - 1] == "EarlyPause", names
+    assert names.count("EarlyPause") >= 2  # in the gap and at the end
+
+
+def test_the_early_pause_needs_the_noise_gate():
+    with pytest.raises(ValueError, match="early_pause_ms"):
+        EndpointerConfig(early_pause_ms=60, noise_gate_db=None)
+    with pytest.raises(ValueError, match="early_pause_ms"):
+        EndpointerConfig(early_pause_ms=0)
+    assert EarlyResume(sample=1).sample == 1
 
 
 # -- what must not start speech -------------------------------------------------------------------
