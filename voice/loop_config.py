@@ -32,7 +32,7 @@ class LoopConfig:
     #: score start there, and a confident end closes when both are done (~90 + 60 ASR + 15 score ms of silence), so
     #: every ms of the pause is a ms of endpoint; a false pause (a stop consonant's closure) costs one discarded
     #: transcription, on a CPU that is idle while the user speaks.
-    #: The speculative work starts sooner still, at the endpointer's ``EarlyPause`` (60 ms of energy silence), before
+    #: The speculative work starts sooner still, at the endpointer's ``EarlyPause`` (90 ms of energy silence), before
     #: webrtcvad's hangover lets the ``Pause`` through (~120 ms); the ``Pause`` keeps it when it heard every voiced
     #: sample.
     endpointer: EndpointerConfig = field(default_factory=lambda: EndpointerConfig(pause_ms=90, early_pause_ms=90))
