@@ -89,6 +89,7 @@ class _Response:
     gen: Iterator | None = None
     sim: dict = field(default_factory=dict)  # the LLM's simulated seconds from the reply's start: first_token, first_phrase
     due_s: float | None = None  # paced: the clock time before which its next piece may not be used
+    parked: bool = False  # started at an early pause that was withdrawn: waits for the endpointer's pause
     end_of_turn: dict | None = None  # the end-of-turn score and decision made at its pause (for the report)
 
     def stamp(self, name: str, t: float) -> None:
@@ -96,7 +97,7 @@ class _Response:
 
     def ready(self, now: float) -> bool:
         """Work left that may be done now."""
-        return not self.finished and (self.due_s is None or now >= self.due_s)
+        return not self.finished and not self.parked and (self.due_s is None or now >= self.due_s)
 
 
 class VoiceLoop:
@@ -202,7 +203,11 @@ class VoiceLoop:
             case SpeechStarted():
                 self._speech_started(ev, now, bool(busy))
             case EarlyPause():
-                if self.cfg.speculative and self._trace is not None and self._task is None and self._spec is None:
+                if self.cfg.speculative and self._trace is not None and self._task is None:
+                    if self._spec is not None and self._spec.heard_until > ev.last_voiced_sample:
+                        self._spec.parked = False  # the work under way heard all of it
+                        return
+                    self._drop_spec()
                     self._spec = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=True)
                     self._spec.stamp("pause", now)
             case Pause():
@@ -210,6 +215,7 @@ class VoiceLoop:
                     spec = self._spec
                     if spec is not None and spec.heard_until > ev.last_voiced_sample:
                         spec.last_voiced = ev.last_voiced_sample  # an early pause's work heard all of it: it stands
+                        spec.parked = False
                     else:
                         self._drop_spec()
                         self._spec = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=True)
@@ -217,7 +223,10 @@ class VoiceLoop:
                     if self._semantic():  # until the score is in, wait as for an unsure turn (a slow ASR cuts no one off)
                         ms, self._stop_ms = self._stop_ms, None  # ... unless it is in (work started at an early pause)
                         self.vad.set_stop_ms(self.cfg.end_of_turn.waiting_ms if ms is None else ms)
-            case SpeechResumed() | EarlyResume():
+            case EarlyResume():
+                if self._spec is not None:  # maybe the voice, maybe a flicker of the noise: the pause will tell
+                    self._spec.parked = True
+            case SpeechResumed():
                 self._drop_spec()
             case SpeechStopped():
                 self._speech_stopped(ev, now)

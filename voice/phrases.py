@@ -52,14 +52,15 @@ class Phrase:
 @dataclass(frozen=True, slots=True)
 class PhraseConfig:
     """Defaults: ``min_first_words=1`` so an opener like "Sure," or "Yes," is spoken at once
-    (the cheapest TTS call there is); ``max_first_words=3`` bounds the first phrase's LLM and TTS
-    cost when no clause mark comes: 4-5 tokens, and piper's first audio in ~30-35 ms ("We are at")
-    where 4 words took ~50 ms and 6 ~80 ms (2026-12-03, this VM); the rest of the sentence is
-    synthesized while the first phrase plays.  ``max_words=25`` keeps one TTS call under ~200 ms while
+    (the cheapest TTS call there is); ``max_first_words=2`` bounds the first phrase's LLM and TTS
+    cost when no clause mark comes: 3 tokens, and piper's first audio in ~42 ms ("The owner", 630 ms
+    of audio) where 3 words took ~57 ms and 4 ~79 ms (2026-12-04, AMD EPYC VM: piper costs ~15 ms
+    plus ~50 ms per second of audio); the rest of the sentence is synthesized while the first
+    phrase plays.  ``max_words=25`` keeps one TTS call under ~200 ms while
     leaving whole sentences intact in practice."""
 
     min_first_words: int = 1
-    max_first_words: int = 3
+    max_first_words: int = 2
     max_words: int = 25
 
     def __post_init__(self) -> None:

@@ -210,7 +210,8 @@ class EarlyPause:
 
 @dataclass(frozen=True, slots=True)
 class EarlyResume:
-    """A frame stood out of the noise again after an ``EarlyPause``, before any ``Pause``: the hint is void."""
+    """Frames stood out of the noise again (``EARLY_RESUME_FRAMES`` in a row) after an ``EarlyPause``, before any
+    ``Pause``: the hint is void."""
 
     sample: int
 
@@ -218,6 +219,10 @@ class EarlyResume:
 VadEvent = SpeechStarted | Pause | SpeechResumed | SpeechStopped | EarlyPause | EarlyResume
 #: Events that leave the state as it is.
 HINTS = (EarlyPause, EarlyResume)
+#: Frames in a row that stand out of the noise before an ``EarlyPause`` is withdrawn: one frame of a noise's
+#: flicker is not the voice coming back (in -40 dBFS noise single frames withdrew the hint, and the ``Pause``
+#: that followed at the same last voiced sample had to start the work again).
+EARLY_RESUME_FRAMES = 2
 
 
 class State(IntEnum):
@@ -282,6 +287,7 @@ class Endpointer:
         self._last_vad_voiced = -self._stop_frames  # the last frame webrtcvad itself called voiced (trimmed)
         self._last_audible = -1  # the last frame that stood out of the noise (or was a word's unvoiced ending)
         self._early = False  # an EarlyPause stands for the current gap
+        self._audible_run = 0  # consecutive frames that stood out of the noise, up to the newest
 
     @property
     def state(self) -> State:
@@ -329,10 +335,11 @@ class Endpointer:
         audible = self._loud[-1] or self._tailing[-1]
         if audible:
             self._last_audible = t
+        self._audible_run = self._audible_run + 1 if audible else 0
         if self._state is not State.SPEECH:
             self._early = False
             return
-        if audible and self._early:
+        if self._early and self._audible_run >= EARLY_RESUME_FRAMES:
             self._early = False
             self._emit(EarlyResume(sample=self._frames_in * self._frame))
         elif not audible and not self._early and t - self._last_audible >= self._early_frames:

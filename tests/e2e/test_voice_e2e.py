@@ -203,7 +203,9 @@ def test_end_of_turn_is_decided_and_reported(played):
     for r in confident:
         eot = r.end_of_turn
         assert eot["source"] == "head" and eot["p_end"] >= 0.5 and eot["stop_ms"] == short
-        assert short - 30 <= eot["silence_ms"] < short + 150, eot  # a frame of 30 ms, and the score's own time
+        # a frame of 30 ms, the score's own time, and a piece of speculative work in progress when the stop is due: a
+        # noisy turn with four pauses inside ("Who is the owner of Bright Bakery?") transcribes at each one
+        assert short - 30 <= eot["silence_ms"] < short + 180, eot
         assert eot["silence_ms"] == pytest.approx(r.latency_ms["endpoint_ms"], abs=0.2)
         work = r.work_ms
         assert work["asr_run_ms"] > 0 and work["turn_end_score_ms"] > 0 and work["critical_path_ms"] > work["asr_run_ms"]

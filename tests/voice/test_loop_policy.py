@@ -281,20 +281,36 @@ def test_an_early_pause_starts_the_work_and_the_pause_keeps_it():
     assert r.stamps["tts_first_audio"] == _approx(1.68)  # 60 ms sooner than from the pause (1.74)
 
 
-def test_an_early_resume_drops_the_work():
+def test_an_early_resume_parks_the_work_and_a_later_pause_drops_it():
     s = Scene(texts=("What", QUESTION), replies={"What": "Yes, any time.", QUESTION: ANSWER})
     s.at(STARTED.sample, STARTED)
     s.at(16960, early(16000, 16960))
     s.silence_until(18400)  # 1.15 s: transcribed, the answer's first word out
-    s.loop.on_vad(EarlyResume(sample=18400))  # the voice went on: the answer to "What" is dropped
-    assert s.llm.opened == ["What"] and s.llm.closed_early == ["What"]
-    s.at(PAUSED.sample, PAUSED)
+    s.loop.on_vad(EarlyResume(sample=18400))  # the voice (or the noise) again: the work waits
+    s.silence_until(PAUSED.sample)
+    assert s.llm.opened == ["What"] and s.llm.closed_early == []
+    s.loop.on_vad(PAUSED)  # the pause is at a later voiced sample than the work heard: it starts afresh
+    assert s.llm.closed_early == ["What"]  # closed mid-answer: it had waited since its first word
     s.at(STOPPED.sample, STOPPED)
     s.loop.finish()
     assert len(s.asr.heard) == 2
     (r,) = s.loop.reports
     assert r.transcript == QUESTION and r.reply == ANSWER and r.mitigations == ("speculative",)
     assert [c[1] for c in s.sink.calls] == [_approx(1.9), _approx(2.15)]  # nothing of the dropped answer played
+
+
+def test_an_early_resume_then_the_pause_at_the_same_voice_goes_on_with_the_work():
+    s = Scene()
+    s.at(STARTED.sample, STARTED)
+    s.at(24960, early(LAST, 24960))
+    s.silence_until(25120)
+    s.loop.on_vad(EarlyResume(sample=25120))  # a flicker of noise: parked ...
+    s.at(PAUSED.sample, PAUSED)  # ... and the pause says the voice ended where the work heard it: it goes on
+    s.at(STOPPED.sample, STOPPED)
+    s.loop.finish()
+    assert len(s.asr.heard) == 1 and s.llm.closed_early == []
+    (r,) = s.loop.reports
+    assert r.reply == ANSWER and r.mitigations == ("speculative",) and r.stamps["asr_start"] == _approx(1.56)
 
 
 def test_a_pause_past_what_the_early_work_heard_starts_afresh():

@@ -10,9 +10,13 @@ import pytest
 from voice.phrases import Phrase, PhraseChunker, PhraseConfig, Reason
 
 
+#: The cuts below other than the first phrase's length are shown with a first phrase of up to three words.
+THREE = PhraseConfig(max_first_words=3)
+
+
 def chunk(pieces: list[str], config: PhraseConfig | None = None) -> list[Phrase]:
-    """Every phrase of a reply fed as ``pieces``, drained after each piece, then flushed."""
-    chunker = PhraseChunker(config)
+    """Every phrase of a reply fed as ``pieces``, drained after each piece, then flushed (``THREE`` by default)."""
+    chunker = PhraseChunker(config or THREE)
     out: list[Phrase] = []
     for piece in pieces:
         chunker.feed(piece)
@@ -68,11 +72,13 @@ def test_first_phrase_forced_after_max_first_words():
     assert [p.text for p in chunker.flush()] == ["nine ten eleven"]
 
 
-def test_default_first_phrase_is_at_most_three_words():
+def test_default_first_phrase_is_at_most_two_words():
     chunker = PhraseChunker()
     chunker.feed("We are open from 7 am to 6 pm.")
-    assert [p.text for p in chunker.drain()] == ["We are open"]
-    assert [p.text for p in chunker.flush()] == ["from 7 am to 6 pm."]
+    assert [p.text for p in chunker.drain()] == ["We are"]
+    assert [p.text for p in chunker.flush()] == ["open from 7 am to 6 pm."]
+    chunker.feed("Yes, we are open.")  # a clause mark before that still cuts first
+    assert [p.text for p in chunker.flush()] == ["Yes,", "we are open."]
 
 
 def test_later_phrases_end_at_sentences_not_clauses():
@@ -126,7 +132,7 @@ def test_empty_phrases_are_dropped_and_indices_stay_dense():
 
 
 def test_flush_releases_the_rest_and_starts_afresh():
-    chunker = PhraseChunker()
+    chunker = PhraseChunker(THREE)
     chunker.feed("We open at")
     assert chunker.drain() == []
     assert chunker.flush() == [Phrase(text="We open at", index=0, reason=Reason.FLUSH)]
