@@ -9,6 +9,7 @@ bench/turn.py.  Bar held: word error rate <= 0.15 over the whole set.
 from __future__ import annotations
 
 import re
+import statistics
 
 import pytest
 
@@ -203,12 +204,15 @@ def test_end_of_turn_is_decided_and_reported(played):
     for r in confident:
         eot = r.end_of_turn
         assert eot["source"] == "head" and eot["p_end"] >= 0.5 and eot["stop_ms"] == short
-        # a frame of 30 ms, the score's own time, and a piece of speculative work in progress when the stop is due: a
-        # noisy turn with four pauses inside ("Who is the owner of Bright Bakery?") transcribes at each one
-        assert short - 30 <= eot["silence_ms"] < short + 180, eot
+        # each: a frame of 30 ms, and the loop busy with one piece of work when the stop is due (the input is read
+        # between pieces: a TTS call of ~50 ms, an ASR run of ~90); a noisy turn with four pauses inside ("Who is
+        # the owner of Bright Bakery?") also waits for noise flicker to leave the endpointer's window
+        assert short - 30 <= eot["silence_ms"] < short + 250, eot
         assert eot["silence_ms"] == pytest.approx(r.latency_ms["endpoint_ms"], abs=0.2)
         work = r.work_ms
         assert work["asr_run_ms"] > 0 and work["turn_end_score_ms"] > 0 and work["critical_path_ms"] > work["asr_run_ms"]
+    # ... and typically a frame and the score's own time
+    assert statistics.median(r.end_of_turn["silence_ms"] for r in confident) < short + 80
 
 
 def test_server_vad_keeps_plain_silence(engines):

@@ -9,7 +9,6 @@ import pytest
 
 from voice.phrases import Phrase, PhraseChunker, PhraseConfig, Reason
 
-
 #: The cuts below other than the first phrase's length are shown with a first phrase of up to three words.
 THREE = PhraseConfig(max_first_words=3)
 
