@@ -162,7 +162,9 @@ class WhisperTranscriber:
         """One tiny transcription: the first call pays CTranslate2's one-off allocations."""
         self.transcribe(np.zeros(ASR_RATE // 2, dtype=np.float32))
 
-    def transcribe(self, audio: np.ndarray) -> Transcript:
+    def transcribe(self, audio: np.ndarray, *, speculative: bool = False) -> Transcript:
+        """The text of ``audio``; ``speculative``: a degenerate window is not retried on the full 30 s window
+        (``Transcript.retry`` says so, ``last_fallback`` why)."""
         t0 = time.perf_counter()
         samples = as_float_audio(audio)
         audio_s = len(samples) / ASR_RATE
@@ -170,21 +172,29 @@ class WhisperTranscriber:
         chunk = int((FULL_WINDOW_S - self.lead_pad_s) * ASR_RATE)  # longer utterances: consecutive windows
         texts = []
         self.last_fallback = None
+        retry = False
         for start in range(0, max(1, len(samples)), chunk):
-            texts.append(self._transcribe_window(np.concatenate([lead, samples[start : start + chunk]])))
+            text, skipped = self._transcribe_window(np.concatenate([lead, samples[start : start + chunk]]), speculative)
+            texts.append(text)
+            retry = retry or skipped
         text = " ".join(t for t in texts if t)
-        return Transcript(text=text, audio_s=audio_s, compute_ms=(time.perf_counter() - t0) * 1000.0)
+        return Transcript(text=text, audio_s=audio_s, compute_ms=(time.perf_counter() - t0) * 1000.0, retry=retry)
 
-    def _transcribe_window(self, samples: np.ndarray) -> str:
+    def _transcribe_window(self, samples: np.ndarray, speculative: bool = False) -> tuple[str, bool]:
+        """The window's text, and whether its degenerate decoding was left without the full-window retry."""
         features = self.model.feature_extractor(samples)  # (80, frames), log-mel as faster-whisper computes it
         audio_s = len(samples) / ASR_RATE
         window_s = window_for(audio_s, min_window_s=self.min_window_s, pad_s=self.pad_s, step_s=self.step_s)
         decoded = self._decode(features, audio_s, window_s)
+        skipped = False
         if decoded.degenerate is not None and window_s < FULL_WINDOW_S:
             self.last_fallback = decoded.degenerate
-            decoded = self._decode(features, audio_s, FULL_WINDOW_S)
+            if speculative:
+                skipped = True
+            else:
+                decoded = self._decode(features, audio_s, FULL_WINDOW_S)
         self.last_window_s = decoded.window_s
-        return decoded.text
+        return decoded.text, skipped
 
     def _decode(self, features: np.ndarray, audio_s: float, window_s: float) -> Decoded:
         import ctranslate2

@@ -144,8 +144,8 @@ class _ComputeTranscriber:
     def __init__(self, inner, compute: ComputeThread):
         self.inner, self.compute = inner, compute
 
-    def transcribe(self, audio):
-        return self.compute.call(self.inner.transcribe, audio)
+    def transcribe(self, audio, *, speculative: bool = False):
+        return self.compute.call(lambda: self.inner.transcribe(audio, speculative=speculative))
 
 
 class _LockedSynthesizer:

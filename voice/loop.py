@@ -90,6 +90,7 @@ class _Response:
     sim: dict = field(default_factory=dict)  # the LLM's simulated seconds from the reply's start: first_token, first_phrase
     due_s: float | None = None  # paced: the clock time before which its next piece may not be used
     parked: bool = False  # started at an early pause that was withdrawn: waits for the endpointer's pause
+    failed: bool = False  # its speculative transcript is not to be used (``Transcript.retry``)
     end_of_turn: dict | None = None  # the end-of-turn score and decision made at its pause (for the report)
 
     def stamp(self, name: str, t: float) -> None:
@@ -250,7 +251,7 @@ class VoiceLoop:
                                      endpoint_sample=ev.sample))
         self.input.mark_committed()
         spec, self._spec = self._spec, None
-        if spec is not None and spec.last_voiced == ev.last_voiced_sample:  # the speculation was right: adopt it
+        if spec is not None and spec.last_voiced == ev.last_voiced_sample and not spec.failed:  # the speculation was right
             self._trace.mitigate("speculative")
             self._task = spec
             spec.speculative = False
@@ -405,7 +406,10 @@ class VoiceLoop:
         if text is None:
             r.stamp("asr_start", clock.now())
             with clock.working():
-                tr = self.e.transcriber.transcribe(audio)
+                tr = self.e.transcriber.transcribe(audio, speculative=r.speculative)
+            if tr.retry:  # degenerate at a pause: no answer from it; the endpoint transcribes afresh
+                r.failed = True
+                return
             r.transcript = tr.text.strip()
         else:
             r.transcript = text.strip()

@@ -19,12 +19,16 @@ class Transcript:
     text: str
     audio_s: float  # length of the audio transcribed
     compute_ms: float  # wall time of the transcription
+    #: A speculative transcription that came out degenerate and was not retried (the retry reads the whole 30 s
+    #: window: ~640 ms here, while the loop reads no input): not to be used; transcribe again at the endpoint.
+    retry: bool = False
 
 
 class Transcriber(Protocol):
-    """Utterance audio (float32 mono at ``ASR_RATE``, -1..1) -> text."""
+    """Utterance audio (float32 mono at ``ASR_RATE``, -1..1) -> text.  ``speculative``: the utterance may not be
+    over (a pause); a transcriber may then skip its slow retries and say so (``Transcript.retry``)."""
 
-    def transcribe(self, audio: np.ndarray) -> Transcript: ...
+    def transcribe(self, audio: np.ndarray, *, speculative: bool = False) -> Transcript: ...
 
 
 class Synthesizer(Protocol):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.signal import resample_poly
 
-from voice.asr import FULL_WINDOW_S, WhisperTranscriber, split_segments, window_for
+from voice.asr import FULL_WINDOW_S, Decoded, WhisperTranscriber, split_segments, window_for
 from voice.protocols import ASR_RATE
 from voice.tts import EspeakSynthesizer, PiperSynthesizer, make_synthesizer, parse_wav_header
 
@@ -169,3 +169,24 @@ def test_wav_header_parser_waits_for_the_data_chunk():
     assert parse_wav_header(header[:20]) is None
     assert parse_wav_header(header) is None
     assert parse_wav_header(header + b"data\x00\xf0\xff\x7f") == (22050, 1, 16, 44)
+
+
+def test_a_degenerate_window_is_retried_on_30_s_except_at_a_pause(transcriber, question_audio, monkeypatch):
+    """The short window's decoding is made to come out degenerate (the real decoder behind it): at the endpoint the
+    whole 30 s window is decoded again; at a pause (``speculative``) it is not, and the transcript says so."""
+    real = transcriber._decode
+    windows = []
+
+    def decode(features, audio_s, window_s):
+        windows.append(window_s)
+        d = real(features, audio_s, window_s)
+        return d if window_s >= FULL_WINDOW_S else Decoded(d.text, d.window_s, "repeated word")
+
+    monkeypatch.setattr(transcriber, "_decode", decode)
+    final = transcriber.transcribe(question_audio)
+    assert windows[-1] == FULL_WINDOW_S and len(windows) == 2 and not final.retry and final.text
+    windows.clear()
+    spec = transcriber.transcribe(question_audio, speculative=True)
+    assert len(windows) == 1 and windows[0] < FULL_WINDOW_S
+    assert spec.retry and transcriber.last_fallback == "repeated word"
+    assert spec.compute_ms < final.compute_ms

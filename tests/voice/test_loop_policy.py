@@ -54,10 +54,12 @@ class ScriptedTranscriber:
         self.clock, self.texts, self.cost_s = clock, list(texts), cost_s
         self.heard: list[int] = []  # samples of each utterance transcribed
 
-    def transcribe(self, audio: np.ndarray) -> Transcript:
+    def transcribe(self, audio: np.ndarray, *, speculative: bool = False) -> Transcript:
         self.clock.spend(self.cost_s)
         self.heard.append(len(audio))
-        return Transcript(text=self.texts.pop(0), audio_s=len(audio) / ASR_RATE, compute_ms=self.cost_s * 1000)
+        text = self.texts.pop(0)
+        retry = text is None  # scripted: a degenerate speculative transcription
+        return Transcript(text=text or "", audio_s=len(audio) / ASR_RATE, compute_ms=self.cost_s * 1000, retry=retry)
 
 
 class ScriptedConversation:
@@ -323,6 +325,20 @@ def test_a_pause_past_what_the_early_work_heard_starts_afresh():
     assert s.asr.heard == [20000 + 3200 - 4800, LAST + 3200 - 4800]
     (r,) = s.loop.reports
     assert r.transcript == QUESTION and r.mitigations == ("speculative",) and r.stamps["pause"] == _approx(1.62)
+
+
+def test_a_degenerate_speculative_transcript_is_not_used_and_the_endpoint_transcribes_afresh():
+    s = Scene(texts=(None, QUESTION))  # at the pause: degenerate, not retried there
+    s.at(STARTED.sample, STARTED)
+    s.at(PAUSED.sample, PAUSED)
+    s.silence_until(STOPPED.sample)
+    assert s.partials == [] and s.llm.opened == []  # nothing was answered from it
+    s.loop.on_vad(STOPPED)
+    s.loop.finish()
+    assert len(s.asr.heard) == 2
+    (r,) = s.loop.reports
+    assert r.transcript == QUESTION and r.reply == ANSWER and r.mitigations == ()
+    assert r.latency_ms["asr_ms"] == _approx(50.0)  # transcribed after the endpoint
 
 
 def test_without_speculation_a_pause_starts_nothing():
