@@ -167,14 +167,19 @@ class SpeechStarted:
 
 
 @dataclass(frozen=True, slots=True)
-class Pause:
-    """Silence inside speech for ``pause_ms``: the cue for speculative work. One per gap."""
+class _Span:
+    """The fields of the events that bound an utterance (not an event itself)."""
 
     sample: int
     first_voiced_sample: int
     last_voiced_sample: int
     start_pad: int
     end_pad: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pause(_Span):
+    """Silence inside speech for ``pause_ms``: the cue for speculative work. One per gap."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,27 +190,15 @@ class SpeechResumed:
 
 
 @dataclass(frozen=True, slots=True)
-class SpeechStopped:
+class SpeechStopped(_Span):
     """Silence for ``stop_ms``: the end of the turn."""
-
-    sample: int
-    first_voiced_sample: int
-    last_voiced_sample: int
-    start_pad: int
-    end_pad: int
 
 
 @dataclass(frozen=True, slots=True)
-class EarlyPause:
+class EarlyPause(_Span):
     """A hint, not a state: ``early_pause_ms`` of energy silence inside speech, before webrtcvad shows it.
     ``last_voiced_sample`` ends the last frame that stood out of the noise (the settled last voiced sample
     of a ``Pause`` that follows is never later).  At most one per gap; ``EarlyResume`` withdraws it."""
-
-    sample: int
-    first_voiced_sample: int
-    last_voiced_sample: int
-    start_pad: int
-    end_pad: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,6 @@ from voice.vad import (
     HINTS,
     TRANSITIONS,
     EarlyPause,
-    EarlyResume,
     Endpointer,
     EndpointerConfig,
     IllegalTransition,
@@ -270,7 +269,6 @@ def test_the_early_pause_needs_the_noise_gate():
         EndpointerConfig(early_pause_ms=60, noise_gate_db=None)
     with pytest.raises(ValueError, match="early_pause_ms"):
         EndpointerConfig(early_pause_ms=0)
-    assert EarlyResume(sample=1).sample == 1
 
 
 # -- what must not start speech -------------------------------------------------------------------
