@@ -10,7 +10,7 @@ from scipy.signal import resample_poly
 
 from voice.asr import FULL_WINDOW_S, Decoded, WhisperTranscriber, split_segments, window_for
 from voice.protocols import ASR_RATE
-from voice.tts import EspeakSynthesizer, PiperSynthesizer, make_synthesizer, parse_wav_header
+from voice.tts import EspeakSynthesizer, PiperSynthesizer, make_synthesizer, parse_wav_header, split_voice
 
 QUESTION = "What time do you open tomorrow?"
 
@@ -96,11 +96,47 @@ def test_split_segments_reads_timestamps():
     assert [(s.start_s, s.tokens) for s in segments] == [(0.0, (1, 2)), (1.0, (3,))]
 
 
-def test_piper_yields_one_chunk_per_sentence(piper):
+def test_piper_streams_a_sentence_in_vocoder_chunks(piper):
+    assert piper.streaming  # the joe voice splits into front and vocoder
     chunks = list(piper.synthesize("We open at seven. The kitchen closes at ten."))
     assert piper.sample_rate == 22050
-    assert len(chunks) >= 2
+    assert len(chunks) >= 4  # two sentences, each in chunks that double
     assert all(c.dtype == np.int16 and c.ndim == 1 and len(c) > 0 for c in chunks)
+    assert len(chunks[0]) == piper.first_frames * 256  # the vocoder's hop: 256 samples a frame
+    peak = max(int(np.abs(c.astype(np.int32)).max()) for c in chunks)
+    assert 8000 < peak <= 32767  # the voice's fixed gain: loud, never wrapped
+
+
+def test_vocoder_chunks_join_like_the_whole_sentence(piper, monkeypatch):
+    ids = next(piper._sentence_ids("The owner is Tom Baker, and he is in on weekdays."))
+    latent = piper._latent_frames(ids, noise=False)
+    whole = piper._decode(latent)
+    tolerance = 1e-4
+    parts = list(piper.chunks(latent))  # the default context
+    assert len(parts) >= 4 and len(parts[0]) == piper.first_frames * 256
+    joined = np.concatenate(parts)
+    assert joined.shape == whole.shape
+    assert np.abs(joined - whole).max() < tolerance
+    monkeypatch.setattr(piper, "context_frames", 0)  # no context: audible seams, so the context is what joins them
+    assert np.abs(np.concatenate(list(piper.chunks(latent))) - whole).max() > 10 * tolerance
+
+
+def test_piper_gain_is_the_same_at_every_load(piper):
+    assert PiperSynthesizer().gain == pytest.approx(piper.gain)
+    assert 1.0 < piper.gain < 4.0
+
+
+def test_a_voice_without_a_vocoder_input_is_not_split(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["input"], ["output"], name="/whole")], "g",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1])])
+    path = tmp_path / "other.onnx"
+    onnx.save(helper.make_model(graph), str(path))
+    assert split_voice(path, tmp_path / "out") is None
+    assert not (tmp_path / "out").exists()
 
 
 def test_piper_first_chunk_comes_before_the_rest_is_synthesized(piper):
