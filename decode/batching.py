@@ -85,6 +85,8 @@ class ComputeThread:
                 return
             with self.cores:
                 self._serve_one(job, pending)
+            job = None  # not kept while waiting for the next: a finished job holds its sequence's state (a closed
+            # session's KV cache would live until another job came)
 
     def _serve_one(self, job, pending: list) -> None:
         if isinstance(job, _Step) and job.single:

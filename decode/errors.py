@@ -11,3 +11,7 @@ class ModelFileError(DecodeError):
 
 class ContextLengthError(DecodeError):
     """A prompt (with the conversation before it) does not fit the context window."""
+
+
+class ClosedError(DecodeError, AttributeError):
+    """A generator used after ``close()`` (an AttributeError too, so ``getattr(state, name, default)`` still answers)."""

@@ -7,6 +7,7 @@ seedable generator.  ``temperature == 0`` (or ``greedy``) takes the argmax.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,9 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
         if not 0 < self.top_p <= 1:

@@ -216,7 +216,7 @@ class VoiceServer:
             self.metrics.active.set(len(self._conns))
             await asyncio.to_thread(session.thread.join, 10)
             log.info("%s closed (%s %s): %s", session.name, ws.close_code, ws.close_reason or "",
-                     json.dumps(session.summary() if session.loop else {}))
+                     json.dumps(session.summary()))
 
     async def _idle_watch(self, ws: ServerConnection, session: RealtimeSession) -> None:
         limit = self.opts.limits.idle_timeout_s

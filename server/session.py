@@ -38,6 +38,11 @@ from . import realtime as P
 
 log = logging.getLogger("wafervox.server")
 DELTA_MS = 200  # longest output audio delta
+#: audio may run this far past ``max_input_s`` ahead of the clock before it is dropped, so that one over-long
+#: utterance sent at once meets the utterance limit (cleared, its own error) first
+AHEAD_GRACE_S = 1.0
+#: tokens kept free for a user turn (its message, the facts and the chat markup) when instructions are checked
+TURN_RESERVE_TOKENS = 256
 IDLE_WAIT_S = 0.02  # the longest the session thread waits for a message before it looks at the loop again
 
 
@@ -50,6 +55,13 @@ class Limits:
     max_input_s: float = 30.0  # received-but-unprocessed input, and the longest utterance
     max_output_bytes: int = 8 << 20  # output queued for a client that does not read; then audio is dropped
     idle_timeout_s: float = 300.0  # no message from the client for this long: closed
+
+    def session_buffer_bytes(self, input_rate: int = 24000) -> int:
+        """The most one session's wire buffers hold: its input backlog (base64 text, the larger form) and
+        the utterance kept, plus its output queue (events may reach twice the audio limit)."""
+        backlog = int(self.max_input_s * input_rate * 2 * 4 / 3) + self.max_message_bytes
+        utterance = int(self.max_input_s * ASR_RATE * 2)
+        return backlog + utterance + 2 * self.max_output_bytes
 
 
 @dataclass
@@ -83,9 +95,11 @@ class RealtimeSession:
         persona = shared.base.llm.persona
         self._default_persona = persona
         self.proto = P.ProtocolSession(P.SessionConfig(instructions=persona.system), ids=ids, max_message_bytes=limits.max_message_bytes)
+        self._config = self.proto.config  # the configuration in force (a refused session.update goes back to it)
         self.loop_config = loop_config or LoopConfig()
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._pending = 0  # bytes of submitted messages not yet handled
+        self._backlog_reported = False  # an input backlog episode was reported
         self._pending_lock = threading.Lock()
         self._closing = threading.Event()
         self.last_message = time.monotonic()
@@ -99,6 +113,10 @@ class RealtimeSession:
         self._last_voiced: int | None = None
         self._typed: list[str] = []  # text items waiting for response.create
         self._deferred_engines = None
+        self._summary: dict | None = None  # kept when the session closes
+        self._audio_origin: float | None = None  # monotonic time of the first input audio
+        self._audio_s = 0.0  # input audio taken, in seconds
+        self._ahead_reported = False  # an "arriving faster than real time" episode was reported
         self.client_v2v: list[float] = []
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -112,17 +130,23 @@ class RealtimeSession:
         backlog is over its limit, in which case the message is dropped."""
         self.last_message = time.monotonic()
         size = len(msg)
+        if size > self.limits.max_message_bytes:  # (text is counted in characters here: at most its UTF-8 bytes)
+            self.inbox.put(P.ProtocolError("message_too_large", f"{'binary' if isinstance(msg, bytes) else 'text'} message of "
+                                             f"{size} bytes exceeds the limit of {self.limits.max_message_bytes} bytes; dropped"))
+            return False
         rate = self.proto.config.input_rate
         cap = int(self.limits.max_input_s * rate * 2 * (1 if isinstance(msg, bytes) else 4 / 3)) + self.limits.max_message_bytes
         with self._pending_lock:
-            if self._pending + size > cap:
-                over = True
-            else:
-                over = False
+            over = self._pending + size > cap
+            if not over:
                 self._pending += size
+                if self._pending < cap // 2:
+                    self._backlog_reported = False
+            report, self._backlog_reported = over and not self._backlog_reported, self._backlog_reported or over
         if over:
-            self._send_error(P.ProtocolError("input_audio_buffer_overflow", f"more than {self.limits.max_input_s:g} s of input "
-                                             "is waiting to be processed; message dropped"))
+            if report:  # one error per episode, not one per dropped message (in its place among the messages)
+                self.inbox.put(P.ProtocolError("input_audio_buffer_overflow", f"more than {self.limits.max_input_s:g} s of "
+                                                 "input is waiting to be processed; messages are dropped until it is"))
             return False
         self.inbox.put(msg)
         return True
@@ -148,9 +172,30 @@ class RealtimeSession:
                 self.metrics.error("server_error")
             self._send_error(P.ProtocolError("server_error", f"the session failed: {type(e).__name__}: {e}", type="server_error"))
             self.close_connection(1011, "internal error")
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """The session is over: keep its summary, free its KV cache and scratch now, and break the references
+        back to this object (the loop's sink and callbacks, the connection's), so the rest is freed as soon as
+        the server drops the session, with no garbage collector run needed."""
+        loop = self.loop
+        if loop is not None:
+            self._summary = self.summary()
+            loop.close()
+            for engines in (loop.e, self._deferred_engines):
+                if engines is not None:
+                    engines.llm.generator.close()
+        self.loop = self._deferred_engines = None
+        self.emit = lambda frame, droppable: None
+        self.close_connection = lambda code, reason: None
+        self._answer = None
+        self._answers.clear()
 
     def _drain(self, timeout_s: float) -> None:
         """Handle the messages that arrive within ``timeout_s`` (0: only those waiting); returns once some came."""
+        if self._deferred_engines is not None and not self.loop.in_progress:  # a turn boundary: new instructions apply
+            self._swap_engines(self._deferred_engines)
         try:
             msg = self.inbox.get(timeout=timeout_s) if timeout_s > 0 else self.inbox.get_nowait()
         except queue.Empty:
@@ -158,9 +203,12 @@ class RealtimeSession:
         for _ in range(1000):
             if msg is None:
                 return
-            with self._pending_lock:
-                self._pending -= len(msg)
-            self._handle(msg)
+            if isinstance(msg, P.ProtocolError):  # a message refused on arrival, reported in its turn
+                self._send_error(msg)
+            else:
+                with self._pending_lock:
+                    self._pending -= len(msg)
+                self._handle(msg)
             try:
                 msg = self.inbox.get_nowait()
             except queue.Empty:
@@ -192,11 +240,20 @@ class RealtimeSession:
         if "instructions" in ev.changed:
             persona = self._default_persona if cfg.instructions.strip() in ("", self._default_persona.system) \
                 else Persona.from_instructions(cfg.instructions)
-            if persona != self.loop.e.llm.persona:
+            llm = self.loop.e.llm
+            need, room = llm.opening_tokens(persona) + TURN_RESERVE_TOKENS, llm.generator.n_ctx - llm.max_tokens
+            if need > room:  # the whole update is refused: the codec's config goes back to the one in force
+                self.proto.config = self._config
+                self._send_error(P.ProtocolError(
+                    "context_length_exceeded", f"session.update: the instructions take {need - TURN_RESERVE_TOKENS} tokens and "
+                    f"a turn needs {TURN_RESERVE_TOKENS} more, over the {room} the {llm.generator.n_ctx}-token context leaves "
+                    "beside the answer; the session is unchanged", ev.event_id, "session.instructions"))
+                return
+            if persona != llm.persona:
                 engines = self.shared.with_persona(self.loop.e, persona)
-                if not self.loop.answering:
+                if not self.loop.in_progress:
                     self._swap_engines(engines)
-                else:  # after the answer in progress
+                else:  # at the turn boundary: never under an open (or speculative) answer
                     self._deferred_engines = engines
         if "turn_detection" in ev.changed:
             td = cfg.turn_detection
@@ -214,6 +271,7 @@ class RealtimeSession:
             self.loop.configure(lc)
         if "output_rate" in ev.changed:
             self._out_rs = Resampler(self.shared.sample_rate, cfg.output_rate)
+        self._config = cfg
         self._send(self.proto.session_updated())
 
     def _swap_engines(self, engines) -> None:
@@ -221,8 +279,22 @@ class RealtimeSession:
         self._deferred_engines = None
 
     def _on_append(self, ev: P.InputAudioAppend) -> None:
-        if len(ev.samples):
-            self.loop.feed(AudioChunk(ev.samples, ev.rate, 0))
+        if not len(ev.samples):
+            return
+        now = time.monotonic()
+        if self._audio_origin is None:
+            self._audio_origin = now
+        ahead = self._audio_s + len(ev.samples) / ev.rate - (now - self._audio_origin)
+        if ahead > self.limits.max_input_s + AHEAD_GRACE_S:  # a client sending faster than real time, past the backlog we take
+            if not self._ahead_reported:
+                self._ahead_reported = True
+                self._send_error(P.ProtocolError("input_audio_buffer_overflow", f"audio is arriving faster than real time: "
+                                                 f"{ahead:.1f} s ahead of the clock, over the {self.limits.max_input_s:g} s "
+                                                 "limit; audio is dropped until the clock catches up", ev.event_id))
+            return
+        self._ahead_reported = False
+        self._audio_s += len(ev.samples) / ev.rate
+        self.loop.feed(AudioChunk(ev.samples, ev.rate, 0))
         if self.loop.buffered_s() > self.limits.max_input_s:
             self.loop.clear_input()
             self._send_error(P.ProtocolError("input_audio_buffer_overflow", f"the utterance is longer than {self.limits.max_input_s:g} s; "
@@ -247,6 +319,14 @@ class RealtimeSession:
                                              "(spoken turns are answered by themselves)", ev.event_id))
             return
         text = " ".join(self._typed)
+        llm = self.loop.e.llm
+        need, n_ctx = llm.prompt_tokens(text) + llm.max_tokens, llm.generator.n_ctx
+        if need > n_ctx:
+            self._typed.clear()
+            self._send_error(P.ProtocolError("context_length_exceeded", f"the user text ({len(text)} characters) with the "
+                                             f"instructions and room for the answer takes {need} tokens, over the {n_ctx}-token "
+                                             "context; the text items were dropped", ev.event_id, "item.content"))
+            return
         if not self.loop.respond_text(text):
             self._send_error(P.ProtocolError("conversation_already_has_active_response",
                                              "a response is in progress; cancel it or wait for response.done", ev.event_id))
@@ -306,6 +386,8 @@ class RealtimeSession:
         self._send(self.proto.session_latency(self.summary()))
 
     def summary(self) -> dict:
+        if self.loop is None and self._summary is not None:  # closed
+            return self._summary
         out = summarize(self.loop.reports if self.loop else [])
         p50, p95 = percentile(self.client_v2v, 0.5), percentile(self.client_v2v, 0.95)
         out["client_voice_to_voice_ms"] = {"p50": None if p50 is None else round(p50, 1), "p95": None if p95 is None else round(p95, 1),

@@ -71,6 +71,11 @@ def read_wav(path) -> tuple[np.ndarray, int]:
         raise AudioError(f"audio file {path.name} has no samples")
     if not 4000 <= rate <= 192000:
         raise AudioError(f"audio file {path.name} has an unusable sample rate {rate} Hz")
+    finite = np.isfinite(data)
+    if not finite.all():
+        bad = int(np.argmin(finite.all(axis=1)))
+        raise AudioError(f"audio file {path.name} holds NaN or infinite samples (first at {bad / rate:.3f} s); "
+                         "a float WAV's samples must be finite")
     return to_pcm16(data.mean(axis=1)), int(rate)
 
 

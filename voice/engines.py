@@ -132,6 +132,15 @@ class SharedEngines:
                        project=self.base.project,
                        turn_end=None if self.base.turn_end is None else TurnEndScorer(gen, self.base.turn_end.head))
 
+    def session_bytes(self) -> int:
+        """The memory one session's engines hold of their own (its sequence's KV cache and scratch, on the
+        deployment the model is staged on), measured on a fork that is closed again."""
+        gen = self.compute.call(self.base.llm.generator.fork)
+        try:
+            return gen.memory_bytes()
+        finally:
+            gen.close()
+
     def with_persona(self, engines: Engines, persona: Persona) -> Engines:
         """The same session with a new persona (``session.update`` instructions): history restarts."""
         old = engines.llm

@@ -366,11 +366,27 @@ class LLMConversation:
         ids = self.generator.encode_chat(self.context(), add_generation_prompt=False)
         return self.generator.prefill(ids)
 
+    def opening_tokens(self, persona: Persona | None = None) -> int:
+        """Tokens of ``persona``'s opening (this conversation's by default): its system text and examples."""
+        opening = self._opening if persona is None else persona.opening()
+        return len(self.generator.encode_chat(opening, add_generation_prompt=False))
+
+    def prompt_tokens(self, user_text: str) -> int:
+        """Tokens of the prompt that answers ``user_text`` (``prompt_ids``)."""
+        return len(self._turn(user_text)[0])
+
     def _turn(self, user_text: str) -> tuple[list[int], str]:
+        """The prompt's ids and forced start; earlier exchanges are left out, oldest first, until the prompt and the
+        answer fit the context (the prompt alone may still not: ``stream`` then raises ContextLengthError)."""
         previous = next((m["content"] for m in reversed(self.history[len(self._opening):]) if m["role"] == "user"), None)
         msgs, start = self.persona.turn(user_text, previous)
-        ids = self.generator.encode_chat(self.context() + msgs)
-        return (ids + self.generator.tokenizer.encode(start) if start else ids), start
+        context = self.context()
+        tail = self.generator.tokenizer.encode(start) if start else []
+        while True:
+            ids = self.generator.encode_chat(context + msgs) + tail
+            if len(ids) + self.max_tokens <= self.generator.n_ctx or len(context) <= len(self._opening):
+                return ids, start
+            context = self._opening + context[len(self._opening) + 2:]
 
     def prompt_ids(self, user_text: str) -> list[int]:
         """The whole prompt of the answer to ``user_text``: ``context()``, the user's message (with a

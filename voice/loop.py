@@ -152,6 +152,11 @@ class VoiceLoop:
         """An answer is being computed or played (its turn is not over)."""
         return self._task is not None
 
+    @property
+    def in_progress(self) -> bool:
+        """An answer exists, even a speculative one started at a pause (engines cannot be swapped under it)."""
+        return self._task is not None or self._spec is not None
+
     def set_engines(self, engines: Engines) -> None:
         """Swap the engines between turns (e.g. a new persona); the next turn's context is prefilled when idle."""
         if self._task is not None or self._spec is not None:
@@ -625,6 +630,18 @@ class VoiceLoop:
         elif self.turns.can(TurnEvent.BARGE_IN):
             self.turns.fire(TurnEvent.BARGE_IN)
 
+    def close(self) -> None:
+        """The loop is done for good (its session closed): the answers in progress are closed, and the loop lets go
+        of its sink and callbacks, so nothing it holds points back at its owner (no cycle waits for the garbage
+        collector) and the owner can release the engines."""
+        for r in (self._task, self._spec):
+            if r is not None:
+                self._close(r)
+        self._task = self._spec = None
+        self._trace = None
+        self.sink = _NO_SINK
+        self.on_event = self.on_report = self.on_partial = None
+
     def finish(self, max_s: float = 30.0) -> None:
         """Input is over: complete the pending work and let the answer play out."""
         self.drain(max_s)
@@ -640,6 +657,19 @@ class VoiceLoop:
                 and self.input_time < end:
             run_until(self, self.input_time + n / ASR_RATE)
             self.feed(AudioChunk(silence, ASR_RATE, 0))
+
+
+class _NoSink:
+    """A closed loop's sink: nothing plays."""
+
+    def play(self, t: float, pcm: np.ndarray) -> None:
+        pass
+
+    def clear_after(self, t: float) -> None:
+        pass
+
+
+_NO_SINK = _NoSink()
 
 
 # -- drivers -----------------------------------------------------------------------------------

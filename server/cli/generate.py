@@ -45,6 +45,17 @@ def sampling(args):
         raise CLIError(f"bad sampling flag: {e}") from None
 
 
+def check_text(flag: str, text: str) -> None:
+    """A CLIError for text that is not valid Unicode (a byte the terminal's encoding could not decode reaches
+    Python as a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"U+{ord(bad):04X}"
+        raise CLIError(f"{flag} is not valid UTF-8 text ({byte} at character {e.start})") from None
+
+
 def run(args) -> int:
     if args.threads:
         import numba
@@ -54,6 +65,9 @@ def run(args) -> int:
     from decode.jit import compile_counts
 
     params = sampling(args)  # check the flags before the slow load
+    for flag, text in (("--prompt", args.prompt), ("--system", args.system)):
+        if text is not None:
+            check_text(flag, text)
     if args.max_tokens < 1:
         raise CLIError("--max-tokens must be >= 1")
     if args.ctx is not None and args.ctx < 2:

@@ -29,6 +29,33 @@ def add_parser(sub) -> None:
     sv.set_defaults(func=run)
 
 
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_plan(per_session: int, max_sessions: int, available: int | None) -> str:
+    """The memory ``max_sessions`` sessions need, checked against what the machine has left once the engines are
+    loaded; a CLIError when they would not fit."""
+    need = per_session * max_sessions
+    mb = 1 << 20
+    line = f"memory: {max_sessions} sessions x {per_session / mb:,.0f} MB (KV cache, scratch, wire buffers) = {need / mb:,.0f} MB"
+    if available is None:
+        return line + " (available memory unknown)"
+    if need > available:
+        fits = max(0, available // per_session)
+        raise CLIError(f"--max-sessions {max_sessions} needs about {need / mb:,.0f} MB ({per_session / mb:,.0f} MB a session) "
+                       f"and this machine has {available / mb:,.0f} MB available; use --max-sessions {fits} or less")
+    return line + f" of {available / mb:,.0f} MB available"
+
+
 def run(args) -> int:
     import asyncio
     import logging
@@ -56,6 +83,8 @@ def run(args) -> int:
     opts = ServerOptions(host=args.host, port=args.port, token=token, origins=tuple(args.allow_origin), limits=limits,
                          loop_config=loop_config(args))
     shared, deployed = load(args, console, shared=True)
+    per_session = shared.session_bytes() + limits.session_buffer_bytes()
+    console.print(f"[dim]{memory_plan(per_session, args.max_sessions, available_memory())}[/]")
 
     async def main() -> None:
         server = VoiceServer(shared, opts)

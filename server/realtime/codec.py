@@ -86,6 +86,36 @@ def decode_pcm(text: str) -> np.ndarray:
     return np.frombuffer(raw, dtype=PCM_DTYPE).astype(np.int16, copy=False)
 
 
+def _valid(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def invalid_unicode(value, path: str = "") -> str | None:
+    """The path (``item.content[0].text``) of the first string in a parsed JSON value, key or value, that is not
+    valid Unicode (JSON may escape lone surrogates, which no UTF-8 text can hold), or None."""
+    stack = [(value, path)]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, str):
+            if not _valid(v):
+                return where or "(message)"
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                name = f"{where}.{k}" if where else k
+                if not _valid(k):
+                    return (where + "." if where else "") + "(key)"
+                stack.append((x, name))
+        elif isinstance(v, list):
+            stack.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
+    return None
+
+
 # --------------------------------------------------------------------------- client message bodies
 
 
@@ -143,6 +173,11 @@ class ProtocolSession:
             return [ProtocolError("invalid_json", f"message is not valid JSON: {e}")]
         if not isinstance(msg, dict):
             return [ProtocolError("invalid_event", f"message must be a JSON object, got {type(msg).__name__}")]
+        bad = invalid_unicode(msg)
+        if bad is not None:  # a lone surrogate ("\ud800" in the JSON): no string of it is used, or echoed
+            event_id = msg.get("event_id") if bad != "event_id" and isinstance(msg.get("event_id"), str) else None
+            return [ProtocolError("invalid_unicode", f"field '{bad}' is not valid Unicode text (it holds a lone surrogate "
+                                  "escape such as \\ud800)", event_id, bad)]
         event_id = msg.get("event_id")
         if event_id is not None and not isinstance(event_id, str):
             return [ProtocolError("invalid_type", f"field 'event_id' must be string, got {type(event_id).__name__}", None, "event_id")]

@@ -108,6 +108,18 @@ def test_unsupported_quant_type(tmp_path):
 def test_bad_flags_are_one_line_errors():
     assert_one_line_error(wafervox("generate", "--max-tokens", "0"), "--max-tokens")
     assert_one_line_error(wafervox("generate", "--top-p", "0"), "top_p")
+    assert_one_line_error(wafervox("generate", "--ctx", "0"), "--ctx")
+    assert_one_line_error(wafervox("generate", "--ctx", "-5"), "--ctx")
+    assert_one_line_error(wafervox("generate", "--temperature", "nan"), "temperature", "finite")
+    assert_one_line_error(wafervox("generate", "--repeat-penalty", "inf"), "repetition_penalty", "finite")
+
+
+def test_a_prompt_that_is_not_utf8_is_a_one_line_error():
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LC_ALL": "C.UTF-8"}
+    proc = subprocess.run([sys.executable.encode(), b"-m", b"server.cli", b"generate", b"--prompt", b"caf\xe9 au lait"],
+                          cwd=ROOT, env=env, capture_output=True, timeout=300)
+    proc.stderr = proc.stderr.decode("utf-8", "replace")
+    assert_one_line_error(proc, "--prompt", "not valid UTF-8", "0xe9")
 
 
 def test_help_explains_generate():
@@ -141,6 +153,13 @@ def test_run_rejects_bad_input_in_one_line(tmp_path):
     assert_one_line_error(wafervox("run", str(tmp_path / "none.wav")), "not found")
     assert_one_line_error(wafervox("run", "--conversation", "nope"), "nope")
     assert_one_line_error(wafervox("run", "--budget-ms", "0"), "--budget-ms")
+    import numpy as np
+    import soundfile as sf
+
+    x = np.zeros(16000, np.float32)
+    x[4000] = np.nan
+    sf.write(str(tmp_path / "nan.wav"), x, 16000, subtype="FLOAT")
+    assert_one_line_error(wafervox("run", str(tmp_path / "nan.wav")), "nan.wav", "NaN or infinite")
 
 
 def test_serve_and_client_reject_bad_input_in_one_line(tmp_path):
@@ -148,6 +167,10 @@ def test_serve_and_client_reject_bad_input_in_one_line(tmp_path):
 
     assert_one_line_error(wafervox("serve", "--max-sessions", "0"), "--max-sessions")
     assert_one_line_error(wafervox("serve", "--port", "70000"), "--port")
+    proc = wafervox("serve", "--max-sessions", "1000000", "--port", "0")  # checked once the engines are loaded
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "listening" not in proc.stdout
+    assert last.startswith("wafervox: error: --max-sessions 1000000 needs about") and "available" in last
     assert_one_line_error(wafervox("client", str(tmp_path / "none.wav")), "not found")
     with socket.socket() as s:  # a port with nobody listening
         s.bind(("127.0.0.1", 0))
@@ -155,6 +178,18 @@ def test_serve_and_client_reject_bad_input_in_one_line(tmp_path):
     wav = str(ROOT / "samples" / "morning_02_located.wav")
     assert_one_line_error(wafervox("client", wav, "--url", f"ws://127.0.0.1:{port}/v1/realtime"), "onnect")
     assert_one_line_error(wafervox("client", wav, "--url", "http://x"), "--url")
+
+
+def test_memory_plan_refuses_sessions_that_do_not_fit():
+    from server.cli.common import CLIError
+    from server.cli.serve import memory_plan
+
+    mb = 1 << 20
+    assert memory_plan(100 * mb, 4, 1000 * mb) == ("memory: 4 sessions x 100 MB (KV cache, scratch, wire buffers) = 400 MB "
+                                                    "of 1,000 MB available")
+    with pytest.raises(CLIError, match="needs about 6,400 MB .* use --max-sessions 9 or less"):
+        memory_plan(100 * mb, 64, 950 * mb)
+    assert "unknown" in memory_plan(100 * mb, 4, None)
 
 
 def test_help_explains_serve_and_client():

@@ -114,3 +114,26 @@ def test_a_bad_step_fails_alone(model):
         assert isinstance(results["bad"], ValueError) and np.isfinite(results["good"]).all()
     finally:
         compute.close()
+
+
+def test_a_closed_generator_frees_its_state_at_once(model):
+    """No garbage collection needed: the compute thread keeps no finished job, and ``close`` drops the state."""
+    import gc
+    import weakref
+
+    from decode.errors import ClosedError
+
+    compute = ComputeThread("test-decode")
+    gc.disable()
+    try:
+        g = Generator(model=BatchingModel(model, compute))
+        assert g.memory_bytes() >= g.state.k_cache.nbytes + g.state.v_cache.nbytes > 0
+        g.generate(g.encode_chat([{"role": "user", "content": "Hi"}]), max_tokens=3)
+        kv = weakref.ref(g.state.k_cache)
+        g.close()
+        assert kv() is None and g.closed
+        with pytest.raises(ClosedError, match="closed"):
+            g.prefill([1, 2, 3])
+    finally:
+        gc.enable()
+        compute.close()

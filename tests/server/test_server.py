@@ -54,13 +54,6 @@ class _Running:
 
 
 @pytest.fixture(scope="module")
-def shared():
-    from voice.engines import SharedEngines
-
-    return SharedEngines.load()[0]
-
-
-@pytest.fixture(scope="module")
 def server(shared):
     s = _Running(shared, ServerOptions(port=0, token=TOKEN))
     yield s
