@@ -15,13 +15,21 @@ threads as they like (one sequence per thread at a time, as always).
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
+import time
 from concurrent.futures import Future
 
 import numpy as np
 
 from .qint import MAX_BATCH  # the most sequences one batched pass takes
+
+#: prompt tokens per job: about 25 ms of prefill on a 2-core machine (as fast per token as 32 or 256 at a time),
+#: the longest another session waits for them
+SLICE_TOKENS = 16
+#: a prompt longer than this (instructions, a long text item) is bulk work: it yields to the other sessions' turns
+BULK_TOKENS = 96
 
 
 class _Step:
@@ -41,35 +49,52 @@ class _Step:
         _settle(self.future, self.model.forward, self.state, self.tokens, self.pos0)
 
 
+_WAKE = object()  # put in the queue when a bulk slice arrives: the thread looks again
+
+
 class ComputeThread:
     """The thread that makes every numba call: ``call(fn, *args)`` runs ``fn`` there and returns its
     result (or raises its exception); ``step(model, state, tokens, pos0)`` is a forward pass that may be
     batched with other sequences' single-token steps waiting at the same time (``batches`` counts them)."""
 
-    def __init__(self, name: str = "decode", max_batch: int = MAX_BATCH, cores: threading.Lock | None = None):
+    def __init__(self, name: str = "decode", max_batch: int = MAX_BATCH, cores: threading.Lock | None = None,
+                 quiet_s: float = 0.02, nice: int = 0):
         self.max_batch = max_batch
         #: held while a job runs: engines that share one (the decode core, Whisper, the voice) never run
         #: their thread teams at the same time on the same cores
         self.cores = cores if cores is not None else threading.Lock()
         self.batches: dict[int, int] = {}  # batch size -> passes run with it
+        self.quiet_s = quiet_s
+        self.nice = nice  # the thread's own scheduling niceness (Linux; threads it starts inherit it)
         self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._bulk: queue.SimpleQueue = queue.SimpleQueue()  # slices of long prefills, run when nothing else is
+        self._last_work = 0.0  # monotonic end of the last job that was not bulk
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
     # -- callers' side ----------------------------------------------------------------------------
 
-    def call(self, fn, *args):
+    def call(self, fn, *args, exclusive: bool = True):
+        """``exclusive`` False: run without the cores lock, beside whatever holds it (for work too long to make the
+        others wait for, such as a long utterance's transcription: both then go slower, neither stops)."""
         if threading.current_thread() is self._thread:
             return fn(*args)
         fut: Future = Future()
-        self._q.put((fn, args, fut))
+        self._q.put((fn, args, fut, exclusive))
         return fut.result()
 
-    def step(self, model, state, tokens, pos0: int):
+    def step(self, model, state, tokens, pos0: int, bulk: bool = False):
+        """``bulk``: a slice of a long prefill, run only when no other work waits and none ran for ``quiet_s`` (the
+        sessions in a turn step every few milliseconds, so bulk work fills the gaps between turns and delays a turn's
+        next piece by at most one slice)."""
         if threading.current_thread() is self._thread:
             return model.forward(state, tokens, pos0)
         job = _Step(model, state, np.asarray(tokens, dtype=np.int64), pos0)
-        self._q.put(job)
+        if bulk:
+            self._bulk.put(job)
+            self._q.put(_WAKE)
+        else:
+            self._q.put(job)
         return job.future.result()
 
     def close(self) -> None:
@@ -77,14 +102,47 @@ class ComputeThread:
 
     # -- the thread ------------------------------------------------------------------------------
 
+    def _next(self, pending: list):
+        """The next job: one set aside by batching, else the queue's; a bulk slice only once the queue has been
+        empty for ``quiet_s``."""
+        if pending:
+            return pending.pop(0), False
+        while True:
+            try:
+                job = self._q.get_nowait()
+            except queue.Empty:
+                wait = self._last_work + self.quiet_s - time.monotonic()
+                if wait <= 0:
+                    try:
+                        return self._bulk.get_nowait(), True
+                    except queue.Empty:
+                        job = self._q.get()
+                else:
+                    try:
+                        job = self._q.get(timeout=wait)
+                    except queue.Empty:
+                        continue
+            if job is not _WAKE:
+                return job, False
+
     def _serve(self) -> None:
+        if self.nice:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+            except (OSError, AttributeError):  # not Linux, or not allowed: the default priority
+                pass
         pending: list = []
         while True:
-            job = pending.pop(0) if pending else self._q.get()
+            job, bulk = self._next(pending)
             if job is None:
                 return
-            with self.cores:
+            if isinstance(job, tuple) and not job[3]:
                 self._serve_one(job, pending)
+            else:
+                with self.cores:
+                    self._serve_one(job, pending)
+            if not bulk:
+                self._last_work = time.monotonic()
             job = None  # not kept while waiting for the next: a finished job holds its sequence's state (a closed
             # session's KV cache would live until another job came)
 
@@ -96,6 +154,8 @@ class ComputeThread:
                     nxt = self._q.get_nowait()
                 except queue.Empty:
                     break
+                if nxt is _WAKE:
+                    continue
                 if isinstance(nxt, _Step) and nxt.single and nxt.model is job.model:
                     batch.append(nxt)
                 else:
@@ -104,7 +164,7 @@ class ComputeThread:
         elif isinstance(job, _Step):
             job.run_alone()
         else:
-            fn, args, fut = job
+            fn, args, fut, _ = job
             _settle(fut, fn, *args)
 
     def _run_batch(self, batch: list[_Step]) -> None:
@@ -143,12 +203,23 @@ def _settle(fut: Future, fn, *args) -> None:
 class BatchingModel:
     """``model`` whose forward passes run on ``compute`` (single-token steps batched across sequences)."""
 
-    def __init__(self, model, compute: ComputeThread):
+    def __init__(self, model, compute: ComputeThread, slice_tokens: int = SLICE_TOKENS, bulk_tokens: int = BULK_TOKENS):
         self.inner, self.compute = model, compute
         self.file, self.config, self.weights, self.n_ctx = model.file, model.config, model.weights, model.n_ctx
+        self.slice_tokens, self.bulk_tokens = slice_tokens, bulk_tokens
 
     def new_state(self):
         return self.inner.new_state()
 
     def forward(self, s, tokens, pos0: int) -> np.ndarray:
-        return self.compute.step(self.inner, s, tokens, pos0)
+        """One forward pass on the compute thread; a prompt longer than ``slice_tokens`` goes in slices (each a job of its
+        own, so other sequences' work runs between them), and one longer than ``bulk_tokens`` as bulk work (see
+        ``ComputeThread.step``).  The KV cache and the last logits come out the same as from one pass."""
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        n = len(tokens)
+        if n <= self.slice_tokens:
+            return self.compute.step(self.inner, s, tokens, pos0)
+        bulk = n > self.bulk_tokens
+        for a in range(0, n, self.slice_tokens):
+            logits = self.compute.step(self.inner, s, tokens[a:a + self.slice_tokens], pos0 + a, bulk=bulk)
+        return logits

@@ -46,6 +46,27 @@ class ServerOptions:
     origins: tuple[str, ...] = ()  # allowed browser Origins besides the server's own
     limits: Limits = field(default_factory=Limits)
     loop_config: LoopConfig = field(default_factory=LoopConfig)
+    connect_rate: float = 10.0  # connections (websocket or HTTP) per second per client address, in bursts of 2 s worth
+
+
+class RateLimiter:
+    """A token bucket per client address: ``rate`` a second, holding at most ``burst``.  Addresses whose bucket is
+    full again are forgotten once many are tracked, so the table stays small."""
+
+    def __init__(self, rate: float, burst: float, clock=time.monotonic, max_tracked: int = 4096):
+        self.rate, self.burst, self.clock, self.max_tracked = rate, burst, clock, max_tracked
+        self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, when)
+
+    def allow(self, address: str) -> bool:
+        now = self.clock()
+        tokens, when = self._buckets.get(address, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - when) * self.rate)
+        ok = tokens >= 1.0
+        self._buckets[address] = (tokens - 1.0 if ok else tokens, now)
+        if len(self._buckets) > self.max_tracked:
+            self._buckets = {a: (t, w) for a, (t, w) in self._buckets.items()
+                             if min(self.burst, t + (now - w) * self.rate) < self.burst}
+        return ok
 
 
 class _Ids:
@@ -132,19 +153,31 @@ class VoiceServer:
         self._n = 0
         self.port: int | None = None
         self._server = None
+        self.limiter = RateLimiter(self.opts.connect_rate, max(1.0, 2 * self.opts.connect_rate))
+        self._metrics_page: tuple[float, bytes] | None = None  # rendered at most once a second
 
     # -- HTTP and the handshake --------------------------------------------------------------------
 
     def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
         url = urlsplit(request.path)
         path = url.path
+        address = conn.remote_address[0] if conn.remote_address else "?"
+        if not self.limiter.allow(address):
+            self.metrics.rejected.labels("rate").inc()
+            body = f"too many connections from {address}: at most {self.opts.connect_rate:g} a second; retry shortly\n".encode()
+            response = _response(HTTPStatus.TOO_MANY_REQUESTS, body, "text/plain")
+            response.headers["Retry-After"] = "1"
+            return response
         if path in WS_PATHS:
             return self._check_ws(conn, request, parse_qs(url.query))
         if path == "/healthz":
             body = {"status": "ok", "sessions": len(self._conns), "max_sessions": self.opts.limits.max_sessions}
             return _response(HTTPStatus.OK, json.dumps(body).encode(), "application/json")
-        if path == "/metrics":
-            return _response(HTTPStatus.OK, self.metrics.render(), CONTENT_TYPE)
+        if path == "/metrics":  # rendered here on the event loop from counters alone: no session or compute is touched
+            now = time.monotonic()
+            if self._metrics_page is None or now - self._metrics_page[0] >= 1.0:
+                self._metrics_page = (now, self.metrics.render())
+            return _response(HTTPStatus.OK, self._metrics_page[1], CONTENT_TYPE)
         if path == "/" or path.startswith("/static/"):
             name = "index.html" if path == "/" else path[len("/static/"):]
             f = (STATIC / name).resolve()

@@ -147,6 +147,10 @@ class WhisperTranscriber:
         path = Path(model_dir) if model_dir is not None else whisper_model_dir()
         if not path.is_dir():
             raise EngineError(f"Whisper model folder not found: {path}")
+        self._kwargs = dict(cpu_threads=cpu_threads, min_window_s=min_window_s, pad_s=pad_s, step_s=step_s, lead_pad_s=lead_pad_s,
+                            tokens_per_s=tokens_per_s, no_speech_threshold=no_speech_threshold,
+                            log_prob_threshold=log_prob_threshold)
+        self.model_dir = path
         self.model = WhisperModel(str(path), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
         if self.model.model.is_multilingual:
             raise EngineError(f"{path} holds a multilingual Whisper; this path decodes English-only models (tiny.en)")
@@ -157,6 +161,10 @@ class WhisperTranscriber:
         self.no_speech_threshold, self.log_prob_threshold = no_speech_threshold, log_prob_threshold
         self.last_window_s: float | None = None
         self.last_fallback: str | None = None
+
+    def another(self) -> WhisperTranscriber:
+        """A second, independent instance with the same model and settings (its own CTranslate2 threads)."""
+        return WhisperTranscriber(self.model_dir, **self._kwargs)
 
     def warmup(self) -> None:
         """One tiny transcription: the first call pays CTranslate2's one-off allocations."""

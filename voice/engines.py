@@ -3,6 +3,7 @@ warming them up, so that the first turn pays no load or compile cost."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -13,6 +14,7 @@ from decode.batching import BatchingModel, ComputeThread
 
 from .llm import LLMConversation, Persona
 from .loop import Engines
+from .protocols import ASR_RATE
 from .turn_end import TurnEndScorer
 
 ACK_TEXT = "Hmm,"
@@ -83,7 +85,6 @@ def warm_turn(asr, llm, tts, turn_end: TurnEndScorer | None = None) -> None:
     caches and allocated buffers; the conversation is reset afterwards (the persona stays
     in the KV cache)."""
     from .audio import resample, to_float
-    from .protocols import ASR_RATE
 
     speech = np.concatenate(list(tts.synthesize("What time do you open tomorrow morning?")))
     text = asr.transcribe(to_float(resample(speech, tts.sample_rate, ASR_RATE))).text
@@ -110,6 +111,8 @@ class SharedEngines:
         # voice each use every core while they run, so they take turns on them (one lock), never
         # oversubscribing the two cores with three thread teams.
         self.asr = ComputeThread("asr", cores=self.compute.cores)
+        make = getattr(engines.transcriber, "another", None)  # a second Whisper for long utterances (WhisperTranscriber)
+        self.asr_long = _LongTranscriber(make) if make is not None else None
         self.sample_rate = engines.tts.sample_rate
 
     @classmethod
@@ -127,7 +130,7 @@ class SharedEngines:
         gen = self.compute.call(base.generator.fork)
         llm = LLMConversation(gen, persona=persona or base.persona, max_tokens=base.max_tokens, sampling=base.sampling,
                               history_turns=base.history_turns)
-        return Engines(transcriber=_ComputeTranscriber(self.base.transcriber, self.asr), llm=llm,
+        return Engines(transcriber=_ComputeTranscriber(self.base.transcriber, self.asr, self.asr_long), llm=llm,
                        tts=_LockedSynthesizer(self.base.tts, self.compute.cores), ack_pcm=self.base.ack_pcm,
                        project=self.base.project,
                        turn_end=None if self.base.turn_end is None else TurnEndScorer(gen, self.base.turn_end.head))
@@ -149,11 +152,39 @@ class SharedEngines:
         return replace(engines, llm=llm)
 
 
-class _ComputeTranscriber:
-    def __init__(self, inner, compute: ComputeThread):
-        self.inner, self.compute = inner, compute
+#: utterances longer than this are transcribed without the cores to themselves (their window alone costs ~0.3 s)
+LONG_UTTERANCE_S = 10.0
+
+
+class _LongTranscriber:
+    """Whisper for long utterances: a second instance of the model, loaded (on first use) by a thread of lowered
+    priority (nice 10), so the threads CTranslate2 starts for it run at that priority too.  It runs beside the
+    sessions' other work without the cores lock: a turn in progress elsewhere keeps most of the CPU and is delayed
+    little, while the long transcription takes the slack."""
+
+    def __init__(self, make):
+        self.make = make
+        self.compute = ComputeThread("asr-long", nice=10)
+        self._asr = None
+        self._lock = threading.Lock()
 
     def transcribe(self, audio, *, speculative: bool = False):
+        def run():
+            if self._asr is None:
+                self._asr = self.make()
+            return self._asr.transcribe(audio, speculative=speculative)
+
+        with self._lock:  # one long transcription at a time
+            return self.compute.call(run, exclusive=False)
+
+
+class _ComputeTranscriber:
+    def __init__(self, inner, compute: ComputeThread, long: _LongTranscriber | None = None):
+        self.inner, self.compute, self.long = inner, compute, long
+
+    def transcribe(self, audio, *, speculative: bool = False):
+        if self.long is not None and len(audio) > LONG_UTTERANCE_S * ASR_RATE:
+            return self.long.transcribe(audio, speculative=speculative)
         return self.compute.call(lambda: self.inner.transcribe(audio, speculative=speculative))
 
 

@@ -24,9 +24,27 @@ def add_parser(sub) -> None:
     sv.add_argument("--max-output-bytes", type=int, default=8 << 20,
                     help="output queued for a client that does not read before audio is dropped (default 8 MiB)")
     sv.add_argument("--idle-timeout", type=float, default=300.0, help="close a session silent for this many seconds (default 300)")
+    sv.add_argument("--max-connect-rate", type=float, default=10.0, metavar="N",
+                    help="connections (websocket or HTTP) a second from one client address, in bursts of up to 2 s "
+                         "worth; more get HTTP 429 (default 10)")
     sv.add_argument("-v", "--verbose", action="store_true", help="log sessions and errors to stderr")
     voice_flags(sv)
     sv.set_defaults(func=run)
+
+
+def fixed_mmap_threshold(threshold: int = 4 << 20) -> bool:
+    """Make glibc serve every allocation over ``threshold`` with its own mapping, returned to the system when freed.
+    By default the threshold rises to the size of a freed mapping (up to 32 MiB), after which a closed session's KV
+    cache and scratch (tens of MB each) come from the heap and its memory stays with the process.  False where
+    this is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(-3, threshold))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
 
 
 def available_memory() -> int | None:
@@ -67,11 +85,12 @@ def run(args) -> int:
     from ..session import Limits
 
     console = Console(stderr=True)
+    fixed_mmap_threshold()  # before the engines allocate anything
     for name, v in (("--max-sessions", args.max_sessions), ("--max-message-bytes", args.max_message_bytes),
                     ("--max-input-s", args.max_input_s), ("--max-output-bytes", args.max_output_bytes),
-                    ("--idle-timeout", args.idle_timeout)):
-        if v <= 0:
-            raise CLIError(f"{name} must be > 0")
+                    ("--idle-timeout", args.idle_timeout), ("--max-connect-rate", args.max_connect_rate)):
+        if not v > 0 or v == float("inf"):
+            raise CLIError(f"{name} must be a number > 0")
     if not 0 <= args.port <= 65535:
         raise CLIError("--port must be in 0..65535")
     token = args.token or os.environ.get("WAFERVOX_TOKEN") or None
@@ -81,7 +100,7 @@ def run(args) -> int:
     limits = Limits(max_sessions=args.max_sessions, max_message_bytes=args.max_message_bytes, max_input_s=args.max_input_s,
                     max_output_bytes=args.max_output_bytes, idle_timeout_s=args.idle_timeout)
     opts = ServerOptions(host=args.host, port=args.port, token=token, origins=tuple(args.allow_origin), limits=limits,
-                         loop_config=loop_config(args))
+                         loop_config=loop_config(args), connect_rate=args.max_connect_rate)
     shared, deployed = load(args, console, shared=True)
     per_session = shared.session_bytes() + limits.session_buffer_bytes()
     console.print(f"[dim]{memory_plan(per_session, args.max_sessions, available_memory())}[/]")

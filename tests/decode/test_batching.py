@@ -137,3 +137,40 @@ def test_a_closed_generator_frees_its_state_at_once(model):
     finally:
         gc.enable()
         compute.close()
+
+
+def test_a_long_prompt_goes_in_slices_with_the_same_result_and_yields_to_other_work(model, generator):
+    """Sliced prefill gives the KV cache and logits of one pass; as bulk work it waits while others keep the compute
+    thread busy, and a short job submitted meanwhile runs before the remaining slices."""
+    compute = ComputeThread("test-decode")
+    try:
+        bm = BatchingModel(model, compute, slice_tokens=16, bulk_tokens=32)
+        ids = generator.encode_chat([{"role": "user", "content": "Tell me everything about the bakery, " * 6}])
+        assert len(ids) > 64
+        ref = model.new_state()
+        want = model.forward(ref, ids, 0).copy()
+        s = model.new_state()
+        got = bm.forward(s, ids, 0).copy()
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(s.k_cache[:, :len(ids)], ref.k_cache[:, :len(ids)])
+
+        order: list[str] = []
+        done = threading.Event()
+
+        def long_prefill():
+            bm.forward(model.new_state(), ids, 0)
+            order.append("long")
+            done.set()
+
+        t = threading.Thread(target=long_prefill)
+        t.start()
+        time.sleep(0.01)
+        for _ in range(3):  # short interactive jobs keep arriving: each runs at once, ahead of the bulk slices
+            t0 = time.monotonic()
+            compute.call(lambda: None)
+            order.append(f"short {time.monotonic() - t0:.3f}")
+        t.join(60)
+        assert done.is_set() and order[-1] == "long"
+        assert all(float(o.split()[1]) < 0.5 for o in order[:-1])
+    finally:
+        compute.close()

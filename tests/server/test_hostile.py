@@ -197,3 +197,128 @@ def test_audio_sent_faster_than_real_time_is_capped_with_one_error(shared):
         assert taken <= 30 * ASR_RATE // (len(speech) * ASR_RATE // 24000) + 1  # only the first ~30 s were taken
     finally:
         s.close()
+
+
+async def _text_turn_ms(ws, text="What are your hours?") -> float:
+    """response.create -> the answer's first audio, in ms; waits for the response to finish."""
+    for m in text_turn(text):
+        await ws.send(m)
+    t0 = time.monotonic()
+    first = None
+    async with asyncio.timeout(120):
+        while True:
+            ev = json.loads(await ws.recv())
+            if ev["type"] == "response.output_audio.delta" and first is None:
+                first = time.monotonic()
+            assert ev["type"] != "error", ev
+            if ev["type"] == "response.done":
+                break
+    return (first - t0) * 1000
+
+
+def test_a_neighbours_long_instructions_do_not_hold_up_a_turn(shared):
+    """Another session's instructions of ~1,400 tokens are prefilled as bulk work in slices: the healthy session's
+    text turn stays within 1.5x of its figure alone, measured in this run."""
+    from statistics import median
+
+    s = _Running(shared, ServerOptions(port=0))
+    try:
+        async def go():
+            async with websockets.connect(s.url()) as healthy, websockets.connect(s.url()) as neighbour:
+                for ws in (healthy, neighbour):
+                    await _events_until(ws, lambda e: e["type"] == "session.created")
+                await _text_turn_ms(healthy)  # warm
+                alone = [await _text_turn_ms(healthy) for _ in range(3)]
+                shared_ms = []
+                for k in range(3):
+                    long = " ".join(f"Rule {k}.{i}: always greet the caller warmly and kindly." for i in range(95))  # ~1,400 tokens
+                    await neighbour.send(json.dumps({"type": "session.update", "session": {"type": "realtime",
+                                                                                           "instructions": long}}))
+                    updated = await _events_until(neighbour, lambda e: e["type"] in ("session.updated", "error"))
+                    assert updated[-1]["type"] == "session.updated"  # accepted: its prefill is what is measured
+                    await asyncio.sleep(0.05)  # its prefill is under way
+                    shared_ms.append(await _text_turn_ms(healthy))
+                return alone, shared_ms
+
+        alone, with_neighbour = run(go(), 300)
+        print(f"alone {alone}, with the neighbour's instructions {with_neighbour}")
+        assert median(with_neighbour) <= 1.5 * median(alone), (alone, with_neighbour)
+    finally:
+        s.close()
+
+
+def test_a_neighbours_long_utterance_does_not_hold_up_a_turn(shared):
+    """Another session commits a ~25 s utterance (its transcription runs beside the other work, not before it): the
+    healthy session's text turn stays within 1.5x of its figure alone."""
+    from statistics import median
+
+    s = _Running(shared, ServerOptions(port=0))
+    speech = np.concatenate([pcm_at(turn_file("morning", i)) for i in range(4)] * 2)[:25 * 24000]
+    try:
+        async def go():
+            async with websockets.connect(s.url()) as healthy, websockets.connect(s.url()) as neighbour:
+                for ws in (healthy, neighbour):
+                    await _events_until(ws, lambda e: e["type"] == "session.created")
+                await neighbour.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {
+                    "input": {"turn_detection": None}}}}))
+                await _events_until(neighbour, lambda e: e["type"] == "session.updated")
+                await _text_turn_ms(healthy)  # warm
+                alone = [await _text_turn_ms(healthy) for _ in range(3)]
+                shared_ms = []
+                for _ in range(3):
+                    for i in range(0, len(speech), 24000):
+                        await neighbour.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(speech[i:i + 24000])}))
+                    await neighbour.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                    await asyncio.sleep(0.1)  # its transcription is under way
+                    shared_ms.append(await _text_turn_ms(healthy))
+                    await _events_until(neighbour, lambda e: e["type"] == "response.done", 120)
+                    await asyncio.sleep(25)  # real time catches up with the audio sent (it is not ahead of the clock)
+                return alone, shared_ms
+
+        alone, with_neighbour = run(go(), 400)
+        print(f"alone {alone}, with the neighbour's long utterance {with_neighbour}")
+        assert median(with_neighbour) <= 1.5 * median(alone), (alone, with_neighbour)
+    finally:
+        s.close()
+
+
+def test_a_reconnect_storm_does_not_hold_up_a_turn_and_is_rate_limited(shared):
+    """Another client opens and aborts connections as fast as it can: past its burst it gets HTTP 429 (the rate limit
+    per address), and the healthy session's text turn stays within 1.5x of its figure alone."""
+    from statistics import median
+
+    s = _Running(shared, ServerOptions(port=0, connect_rate=5.0))
+    try:
+        async def go():
+            outcomes = {"opened": 0, "limited": 0}
+
+            async def storm(stop: asyncio.Event):
+                while not stop.is_set():
+                    try:
+                        ws = await websockets.connect(s.url(), open_timeout=10)
+                        outcomes["opened"] += 1
+                        ws.transport.abort()
+                    except websockets.InvalidStatus as e:
+                        assert e.response.status_code == 429
+                        outcomes["limited"] += 1
+                    await asyncio.sleep(0.005)
+
+            async with websockets.connect(s.url()) as healthy:
+                await _events_until(healthy, lambda e: e["type"] == "session.created")
+                await _text_turn_ms(healthy)  # warm
+                alone = [await _text_turn_ms(healthy) for _ in range(3)]
+                stop = asyncio.Event()
+                task = asyncio.create_task(storm(stop))
+                await asyncio.sleep(0.5)
+                shared_ms = [await _text_turn_ms(healthy) for _ in range(3)]
+                stop.set()
+                await task
+                return alone, shared_ms, outcomes
+
+        alone, with_storm, outcomes = run(go(), 300)
+        print(f"alone {alone}, during the storm {with_storm}, {outcomes}")
+        assert outcomes["limited"] > outcomes["opened"] >= 5
+        assert s.server.metrics.rejected.labels("rate")._value.get() == outcomes["limited"]
+        assert median(with_storm) <= 1.5 * median(alone), (alone, with_storm)
+    finally:
+        s.close()
