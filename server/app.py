@@ -28,6 +28,7 @@ from websockets.http11 import Request, Response
 
 from voice.loop import LoopConfig
 
+from .memory import trim
 from .metrics import CONTENT_TYPE, Metrics
 from .realtime import IdSource, ProtocolError
 from .session import Limits, RealtimeSession
@@ -248,6 +249,7 @@ class VoiceServer:
             self._conns.pop(ws, None)
             self.metrics.active.set(len(self._conns))
             await asyncio.to_thread(session.thread.join, 10)
+            await asyncio.to_thread(trim)  # the session's memory, freed, goes back to the system
             log.info("%s closed (%s %s): %s", session.name, ws.close_code, ws.close_reason or "",
                      json.dumps(session.summary()))
 

@@ -35,12 +35,15 @@ from voice.playout import Playout
 from voice.protocols import ASR_RATE
 
 from . import realtime as P
+from .memory import trim
 
 log = logging.getLogger("wafervox.server")
 DELTA_MS = 200  # longest output audio delta
 #: audio may run this far past ``max_input_s`` ahead of the clock before it is dropped, so that one over-long
 #: utterance sent at once meets the utterance limit (cleared, its own error) first
 AHEAD_GRACE_S = 1.0
+#: the most often a turn's end trims the allocator's heaps (for the whole process)
+TRIM_INTERVAL_S = 5.0
 #: tokens kept free for a user turn (its message, the facts and the chat markup) when instructions are checked
 TURN_RESERVE_TOKENS = 256
 IDLE_WAIT_S = 0.02  # the longest the session thread waits for a message before it looks at the loop again
@@ -114,7 +117,7 @@ class RealtimeSession:
         self._typed: list[str] = []  # text items waiting for response.create
         self._deferred_engines = None
         self._summary: dict | None = None  # kept when the session closes
-        self._audio_origin: float | None = None  # monotonic time of the first input audio
+        self._audio_origin: float | None = None  # monotonic time the input audio taken would have started at, in real time
         self._audio_s = 0.0  # input audio taken, in seconds
         self._ahead_reported = False  # an "arriving faster than real time" episode was reported
         self.client_v2v: list[float] = []
@@ -282,8 +285,8 @@ class RealtimeSession:
         if not len(ev.samples):
             return
         now = time.monotonic()
-        if self._audio_origin is None:
-            self._audio_origin = now
+        if self._audio_origin is None or now - self._audio_origin > self._audio_s:
+            self._audio_origin = now - self._audio_s  # behind the clock (a pause in sending) earns no credit for a burst
         ahead = self._audio_s + len(ev.samples) / ev.rate - (now - self._audio_origin)
         if ahead > self.limits.max_input_s + AHEAD_GRACE_S:  # a client sending faster than real time, past the backlog we take
             if not self._ahead_reported:
@@ -471,6 +474,7 @@ class RealtimeSession:
             self._send_latency(a, d)
         if self._deferred_engines is not None:
             self._swap_engines(self._deferred_engines)
+        trim(TRIM_INTERVAL_S)  # a turn's temporaries, freed, go back to the system (off the critical path: it is over)
 
     _LOOP_HANDLERS: dict = {
         UserSpeechStarted: _on_speech_started,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from ..memory import fixed_mmap_threshold
 from .common import CLIError, load, loop_config, voice_flags
 
 
@@ -30,21 +31,6 @@ def add_parser(sub) -> None:
     sv.add_argument("-v", "--verbose", action="store_true", help="log sessions and errors to stderr")
     voice_flags(sv)
     sv.set_defaults(func=run)
-
-
-def fixed_mmap_threshold(threshold: int = 4 << 20) -> bool:
-    """Make glibc serve every allocation over ``threshold`` with its own mapping, returned to the system when freed.
-    By default the threshold rises to the size of a freed mapping (up to 32 MiB), after which a closed session's KV
-    cache and scratch (tens of MB each) come from the heap and its memory stays with the process.  False where
-    this is not glibc."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-3, threshold))  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
 
 
 def available_memory() -> int | None:

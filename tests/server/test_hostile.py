@@ -282,18 +282,31 @@ def test_a_neighbours_long_utterance_does_not_hold_up_a_turn(shared):
         s.close()
 
 
+async def _get(port: int, path: str) -> int:
+    """A raw HTTP GET on loopback; the status code."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    writer.close()
+    return status
+
+
 def test_a_reconnect_storm_does_not_hold_up_a_turn_and_is_rate_limited(shared):
-    """Another client opens and aborts connections as fast as it can: past its burst it gets HTTP 429 (the rate limit
-    per address), and the healthy session's text turn stays within 1.5x of its figure alone."""
+    """Another client opens and aborts connections and polls /metrics as fast as it can: past its burst it gets HTTP
+    429 (the rate limit per address), and the healthy session's text turn stays within 1.5x of its figure alone."""
     from statistics import median
 
     s = _Running(shared, ServerOptions(port=0, connect_rate=5.0))
     try:
         async def go():
-            outcomes = {"opened": 0, "limited": 0}
+            outcomes = {"opened": 0, "limited": 0, "metrics": 0}
 
             async def storm(stop: asyncio.Event):
                 while not stop.is_set():
+                    status = await _get(s.port, "/metrics")
+                    assert status in (200, 429)
+                    outcomes["metrics"] += status == 200
                     try:
                         ws = await websockets.connect(s.url(), open_timeout=10)
                         outcomes["opened"] += 1
@@ -317,8 +330,23 @@ def test_a_reconnect_storm_does_not_hold_up_a_turn_and_is_rate_limited(shared):
 
         alone, with_storm, outcomes = run(go(), 300)
         print(f"alone {alone}, during the storm {with_storm}, {outcomes}")
-        assert outcomes["limited"] > outcomes["opened"] >= 5
-        assert s.server.metrics.rejected.labels("rate")._value.get() == outcomes["limited"]
+        assert outcomes["limited"] > outcomes["opened"] >= 5 and outcomes["metrics"] >= 1
+        assert s.server.metrics.rejected.labels("rate")._value.get() >= outcomes["limited"]
         assert median(with_storm) <= 1.5 * median(alone), (alone, with_storm)
     finally:
         s.close()
+
+
+def test_the_rate_limiter_is_a_token_bucket_per_address():
+    from server.app import RateLimiter
+
+    now = [0.0]
+    rl = RateLimiter(rate=2.0, burst=4.0, clock=lambda: now[0], max_tracked=3)
+    assert [rl.allow("a") for _ in range(5)] == [True] * 4 + [False]  # the burst, then refused
+    assert rl.allow("b")  # another address has its own bucket
+    now[0] = 0.5
+    assert rl.allow("a") and not rl.allow("a")  # 2 a second: one more after half a second
+    for i in range(10):  # many addresses: those whose bucket refilled are forgotten, the table stays small
+        now[0] += 10
+        rl.allow(f"x{i}")
+    assert len(rl._buckets) <= 4
