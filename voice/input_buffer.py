@@ -18,7 +18,9 @@ import numpy as np
 from .audio import AudioChunk, Resampler, to_float
 from .protocols import ASR_RATE, Clock
 
-KEEP_AUDIO_S = 120  # input audio kept for transcription once no turn needs more
+#: input audio kept once no turn needs more (a turn's utterance and its padding, manual turns' uncommitted input: the
+#: server caps both at --max-input-s, 30 s by default); older audio is dropped when the buffer would grow
+KEEP_AUDIO_S = 40
 
 
 class InputBuffer:
@@ -66,7 +68,7 @@ class InputBuffer:
         used = self.end_sample - self.base_sample
         if used + len(pcm) > len(self._audio):
             keep = self.keep_s * ASR_RATE
-            if used > 2 * keep and may_forget:
+            if used > keep and may_forget:  # (a turn in progress keeps all its audio, however long)
                 self._audio[:keep] = self._audio[used - keep:used]
                 self.base_sample += used - keep
                 used = keep

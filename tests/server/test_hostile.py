@@ -256,23 +256,24 @@ def test_a_neighbours_long_utterance_does_not_hold_up_a_turn(shared):
     speech = np.concatenate([pcm_at(turn_file("morning", i)) for i in range(4)] * 2)[:25 * 24000]
     try:
         async def go():
-            async with websockets.connect(s.url()) as healthy, websockets.connect(s.url()) as neighbour:
-                for ws in (healthy, neighbour):
-                    await _events_until(ws, lambda e: e["type"] == "session.created")
-                await neighbour.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {
-                    "input": {"turn_detection": None}}}}))
-                await _events_until(neighbour, lambda e: e["type"] == "session.updated")
+            async with websockets.connect(s.url()) as healthy:
+                await _events_until(healthy, lambda e: e["type"] == "session.created")
                 await _text_turn_ms(healthy)  # warm
                 alone = [await _text_turn_ms(healthy) for _ in range(3)]
                 shared_ms = []
-                for _ in range(3):
-                    for i in range(0, len(speech), 24000):
-                        await neighbour.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(speech[i:i + 24000])}))
-                    await neighbour.send(json.dumps({"type": "input_audio_buffer.commit"}))
-                    await asyncio.sleep(0.1)  # its transcription is under way
-                    shared_ms.append(await _text_turn_ms(healthy))
-                    await _events_until(neighbour, lambda e: e["type"] == "response.done", 120)
-                    await asyncio.sleep(25)  # real time catches up with the audio sent (it is not ahead of the clock)
+                for _ in range(3):  # a fresh neighbour each time (25 s of audio at once is as far ahead as one may be)
+                    async with websockets.connect(s.url()) as neighbour:
+                        await _events_until(neighbour, lambda e: e["type"] == "session.created")
+                        await neighbour.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {
+                            "input": {"turn_detection": None}}}}))
+                        await _events_until(neighbour, lambda e: e["type"] == "session.updated")
+                        for i in range(0, len(speech), 24000):
+                            await neighbour.send(json.dumps({"type": "input_audio_buffer.append",
+                                                             "audio": b64(speech[i:i + 24000])}))
+                        await neighbour.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                        await asyncio.sleep(0.1)  # its transcription is under way
+                        shared_ms.append(await _text_turn_ms(healthy))
+                        await _events_until(neighbour, lambda e: e["type"] == "response.done", 120)
                 return alone, shared_ms
 
         alone, with_neighbour = run(go(), 400)
