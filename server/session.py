@@ -44,6 +44,8 @@ DELTA_MS = 200  # longest output audio delta
 AHEAD_GRACE_S = 1.0
 #: the most often a turn's end trims the allocator's heaps (for the whole process)
 TRIM_INTERVAL_S = 5.0
+#: text items waiting for response.create, in characters (several times what the 2,048-token context holds)
+MAX_TYPED_CHARS = 32_000
 #: tokens kept free for a user turn (its message, the facts and the chat markup) when instructions are checked
 TURN_RESERVE_TOKENS = 256
 IDLE_WAIT_S = 0.02  # the longest the session thread waits for a message before it looks at the loop again
@@ -314,6 +316,12 @@ class RealtimeSession:
         self._send(self.proto.cleared())
 
     def _on_item(self, ev: P.ItemCreate) -> None:
+        waiting = sum(len(t) for t in self._typed) + len(ev.text)
+        if waiting > MAX_TYPED_CHARS:  # more text than any prompt can hold: not kept
+            self._send_error(P.ProtocolError("context_length_exceeded", f"{waiting} characters of text items are waiting for "
+                                             f"response.create, over the {MAX_TYPED_CHARS} a prompt could hold; this item "
+                                             "was dropped", ev.event_id, "item.content"))
+            return
         self._typed.append(ev.text)
 
     def _on_response_create(self, ev: P.ResponseCreate) -> None:
@@ -472,7 +480,7 @@ class RealtimeSession:
             if a is not None:
                 a.reported = d
             self._send_latency(a, d)
-        if self._deferred_engines is not None:
+        if self._deferred_engines is not None and not self.loop.in_progress:  # (else at the next turn boundary)
             self._swap_engines(self._deferred_engines)
         trim(TRIM_INTERVAL_S)  # a turn's temporaries, freed, go back to the system (off the critical path: it is over)
 

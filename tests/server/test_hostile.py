@@ -77,6 +77,13 @@ def test_input_too_large_for_the_context_gets_an_error_and_the_session_goes_on(s
                 for m in text_turn("please tell me about the bakery " * 300):  # ~9 KB, ~1,800 tokens
                     await ws.send(m)
                 big_text = await _events_until(ws, lambda e: e["type"] == "error")
+                item = json.loads(text_turn("x" * 10_000)[0])
+                for k in range(4):  # text items piling up without response.create: the 4th is past what is kept
+                    await ws.send(json.dumps({**item, "event_id": f"item{k}"}))
+                piled = await _events_until(ws, lambda e: e["type"] == "error")
+                await ws.send(json.dumps({"type": "response.create"}))  # the three kept are too long for a prompt
+                piled += await _events_until(ws, lambda e: e["type"] == "error")
+                big_text += piled
                 await ws.send(json.dumps({"type": "session.update", "event_id": "upd1",
                                           "session": {"type": "realtime", "instructions": "Always be kind. " * 700}}))
                 big_instr = await _events_until(ws, lambda e: e["type"] in ("error", "session.updated"))
@@ -88,7 +95,8 @@ def test_input_too_large_for_the_context_gets_an_error_and_the_session_goes_on(s
                 return big_text, big_instr, ok, answered
 
         big_text, big_instr, ok, answered = run(go(), 120)
-        assert errors(big_text)[-1]["code"] == "context_length_exceeded"
+        assert [e["code"] for e in errors(big_text)] == ["context_length_exceeded"] * 3
+        assert errors(big_text)[1]["event_id"] == "item3" and "waiting" in errors(big_text)[1]["message"]
         assert big_instr[-1]["type"] == "error"
         err = big_instr[-1]["error"]
         assert err["code"] == "context_length_exceeded" and err["param"] == "session.instructions" and err["event_id"] == "upd1"
