@@ -16,6 +16,7 @@ declares a numba type ``I32x16`` for LLVM's ``<16 x i32>`` and intrinsics on it:
 ``vadd(a, b)``, ``vsub(a, b)``     lane-wise int32 sum and difference
 ``F32x16``: ``fsplat``, ``fadd``,  float32 vectors: splat, IEEE add and multiply (no fast-math
 ``fmul``, ``fload``, ``fstore``    flags, so never fused or reordered), load, store
+``ffma(a, b, c)``                  ``a * b + c`` rounded once (for code that may fuse)
 ``vtofloat(a)``                    int32 lanes as float32
 ``fhalves(h, i)``                  16 f16 bit patterns of uint16 array ``h`` from ``i``, as float32
 ``half_bits(v)``                   a float32 rounded to a half (nearest, ties to even), as uint16 bits
@@ -260,6 +261,16 @@ def fmul(typingctx, a, b):
         return builder.fmul(args[0], args[1])
 
     return F32x16(F32x16, F32x16), codegen
+
+
+@intrinsic
+def ffma(typingctx, a, b, c):
+    """Lane-wise ``a * b + c`` with one rounding (``llvm.fma``: one ``vfmadd`` on CPUs with FMA). Not used by
+    the decode kernels, whose sums keep separate roundings; for float32 products where that is not needed."""
+    def codegen(context, builder, sig, args):
+        return builder.call(_llvm_fn(builder, "llvm.fma.v16f32", _F16, [_F16, _F16, _F16]), args)
+
+    return F32x16(F32x16, F32x16, F32x16), codegen
 
 
 @intrinsic

@@ -137,6 +137,8 @@ class WhisperTranscriber:
         tokens_per_s: float = 12.0,
         no_speech_threshold: float = 0.6,
         log_prob_threshold: float = -1.0,
+        decoder: str = "numba",
+        _shared: WhisperTranscriber | None = None,
     ):
         try:
             from faster_whisper import WhisperModel
@@ -147,9 +149,11 @@ class WhisperTranscriber:
         path = Path(model_dir) if model_dir is not None else whisper_model_dir()
         if not path.is_dir():
             raise EngineError(f"Whisper model folder not found: {path}")
+        if decoder not in ("numba", "ctranslate2"):
+            raise ValueError(f"unknown Whisper decoder {decoder!r}: numba or ctranslate2")
         self._kwargs = dict(cpu_threads=cpu_threads, min_window_s=min_window_s, pad_s=pad_s, step_s=step_s, lead_pad_s=lead_pad_s,
                             tokens_per_s=tokens_per_s, no_speech_threshold=no_speech_threshold,
-                            log_prob_threshold=log_prob_threshold)
+                            log_prob_threshold=log_prob_threshold, decoder=decoder)
         self.model_dir = path
         self.model = WhisperModel(str(path), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
         if self.model.model.is_multilingual:
@@ -161,10 +165,17 @@ class WhisperTranscriber:
         self.no_speech_threshold, self.log_prob_threshold = no_speech_threshold, log_prob_threshold
         self.last_window_s: float | None = None
         self.last_fallback: str | None = None
+        self.decoder = None  # the numba decoder (whisper_decoder.Decoder), or None: CTranslate2's generate
+        if decoder == "numba":
+            from voice.whisper_decoder import Decoder
+
+            self.decoder = _shared.decoder.fork() if _shared is not None and _shared.decoder else Decoder(path / "model.bin")
+            self._blank = self.tokenizer.encode(" ") + [self.tokenizer.eot]
 
     def another(self) -> WhisperTranscriber:
-        """A second, independent instance with the same model and settings (its own CTranslate2 threads)."""
-        return WhisperTranscriber(self.model_dir, **self._kwargs)
+        """A second, independent instance with the same model and settings (its own CTranslate2 threads and
+        decoder caches; the numba decoder's weights are shared)."""
+        return WhisperTranscriber(self.model_dir, _shared=self, **self._kwargs)
 
     def warmup(self) -> None:
         """One tiny transcription: the first call pays CTranslate2's one-off allocations."""
@@ -214,6 +225,16 @@ class WhisperTranscriber:
         encoded = self.model.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(window[None])))
         prompt = list(self.tokenizer.sot_sequence)  # [<|startoftranscript|>]; timestamps on
         max_new = min(_MAX_DECODE_TOKENS - len(prompt), int(self.tokens_per_s * audio_s) + 10)
+        if self.decoder is not None:
+            from voice.whisper_decoder import greedy
+
+            self.decoder.start(np.asarray(encoded))
+            tk = self.tokenizer
+            g = greedy(self.decoder, prompt, max_new, eot=tk.eot, ts_begin=tk.timestamp_begin,
+                       no_timestamps=tk.no_timestamps, no_speech=tk.no_speech, blank=self._blank,
+                       suppress=self._suppress, max_initial_timestamp=50, logprob_below=self.no_speech_threshold)
+            return self._result(g.tokens, g.no_speech_prob, g.sum_logprob / (len(g.tokens) + 1), not g.ended,
+                                audio_s, window_s)
         result = self.model.model.generate(
             encoded,
             [prompt],
@@ -227,12 +248,17 @@ class WhisperTranscriber:
         )[0]
         ids = result.sequences_ids[0]
         avg_logprob = result.scores[0] * len(ids) / (len(ids) + 1)  # faster-whisper's definition
-        if result.no_speech_prob > self.no_speech_threshold and avg_logprob < self.log_prob_threshold:
+        return self._result(ids, result.no_speech_prob, avg_logprob, len(ids) >= max_new, audio_s, window_s)
+
+    def _result(self, ids: list[int], no_speech_prob: float, avg_logprob: float, cut: bool, audio_s: float,
+                window_s: float) -> Decoded:
+        """The text of decoded ``ids`` and whether to trust it; ``cut``: no end token within the limit."""
+        if no_speech_prob > self.no_speech_threshold and avg_logprob < self.log_prob_threshold:
             return Decoded("", window_s, None)  # silence, as faster-whisper decides it
         segments = [s for s in split_segments(ids, self.tokenizer.timestamp_begin) if s.start_s < audio_s - 0.1]
         texts = [self.tokenizer.decode(list(s.tokens)).strip() for s in segments]
         text = " ".join(t for t in texts if t)
-        if len(ids) >= max_new:
+        if cut:
             why = "no end token"
         elif not text:
             why = "empty text"

@@ -1,0 +1,184 @@
+"""Whisper's decoder on the decode core's kernels (voice/whisper_decoder.py) against CTranslate2's, on the real model."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from scipy.signal import resample_poly
+
+from voice.asr import WhisperTranscriber, whisper_model_dir
+from voice.errors import EngineError
+from voice.protocols import ASR_RATE
+from voice.whisper_decoder import Decoder, _rules, cross_kv, greedy, q8_0_blocks, read_ct2
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+
+
+@pytest.fixture(scope="module")
+def pair():
+    ours = WhisperTranscriber()
+    ref = WhisperTranscriber(decoder="ctranslate2")
+    assert ours.decoder is not None and ref.decoder is None
+    return ours, ref
+
+
+def load(path: Path) -> np.ndarray:
+    audio, rate = sf.read(path, dtype="float32", always_2d=True)
+    audio = audio[:, 0]
+    return audio if rate == ASR_RATE else resample_poly(audio, ASR_RATE, rate).astype(np.float32)
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
+
+
+def test_transcripts_match_ctranslate2_on_the_samples(pair):
+    """Every committed recording (clean, noisy, paused): the same text as CTranslate2's decoder on nearly all
+    (weights in Q8_0 blocks, CTranslate2's in int8 rows: the two differ only where the model is unsure)."""
+    ours, ref = pair
+    files = sorted(SAMPLES.rglob("*.wav"))
+    assert len(files) >= 40
+    same, words_ref, words_off = 0, 0, 0
+    for path in files:
+        audio = load(path)
+        a, b = ours.transcribe(audio).text, ref.transcribe(audio).text
+        same += a == b
+        wa, wb = words(a), words(b)
+        words_ref += len(wb)
+        words_off += sum(x != y for x, y in zip(wa, wb)) + abs(len(wa) - len(wb))
+    assert same >= 0.9 * len(files), f"{same} of {len(files)} transcripts the same"
+    assert words_off <= 0.03 * words_ref
+
+
+def test_two_decoders_on_shared_weights_do_not_disturb_each_other(pair):
+    ours, _ = pair
+    other = ours.decoder.fork()
+    assert other.weights is ours.decoder.weights and other.k_cache is not ours.decoder.k_cache
+    rng = np.random.default_rng(1)
+    enc_a = rng.standard_normal((1, 60, 384)).astype(np.float32)
+    enc_b = rng.standard_normal((1, 90, 384)).astype(np.float32)
+    alone = []
+    for enc in (enc_a, enc_b):
+        ours.decoder.start(enc)
+        alone.append([ours.decoder.step(t, p).copy() for p, t in enumerate((50257, 50363, 1867))])
+    ours.decoder.start(enc_a)
+    other.start(enc_b)
+    for p, t in enumerate((50257, 50363, 1867)):
+        np.testing.assert_array_equal(ours.decoder.step(t, p), alone[0][p])
+        np.testing.assert_array_equal(other.step(t, p), alone[1][p])
+
+
+def test_step_and_start_check_their_input(pair):
+    dec = pair[0].decoder.fork()
+    with pytest.raises(RuntimeError, match="before Decoder.start"):
+        dec.step(50257, 0)
+    with pytest.raises(ValueError, match="encoder output"):
+        dec.start(np.zeros((1, 10, 100), np.float32))
+    with pytest.raises(ValueError, match="encoder output"):
+        dec.start(np.zeros((1, 1501, 384), np.float32))
+    dec.start(np.zeros((1, 10, 384), np.float32))
+    with pytest.raises(ValueError, match="context"):
+        dec.step(50257, dec.n_ctx)
+
+
+def test_cross_kv_is_the_matrix_product_in_head_layout():
+    rng = np.random.default_rng(0)
+    for frames in (1, 7, 402):
+        enc = rng.standard_normal((frames, 384)).astype(np.float32)
+        w = rng.standard_normal((384, 768)).astype(np.float32)
+        b = rng.standard_normal(768).astype(np.float32)
+        out = np.empty((2, 6, frames, 64), np.float32)
+        cross_kv(enc, w, b, out)
+        ref = (enc.astype(np.float64) @ w + b).reshape(frames, 2, 6, 64).transpose(1, 2, 0, 3)
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
+
+
+def test_q8_0_blocks_round_trip_within_half_a_step():
+    rng = np.random.default_rng(2)
+    w = (rng.standard_normal((5, 64)) * np.array([[1e-3], [1.0], [30.0], [0.0], [1.0]])).astype(np.float32)
+    blocks = q8_0_blocks(w).reshape(5, 2, 34)
+    d = blocks[:, :, :2].copy().view(np.float16).astype(np.float32)  # (5, 2, 1)
+    q = blocks[:, :, 2:].view(np.int8).astype(np.float32)
+    back = (q * d).reshape(5, 64)
+    step = np.repeat(d[:, :, 0], 32, axis=1)
+    assert np.all(np.abs(back - w) <= step / 2 + 1e-3 * np.abs(w) + 1e-9)
+    assert np.all(back[3] == 0)
+
+
+def test_timestamp_rules():
+    vocab, ts, eot, no_ts, sot = 60, 40, 30, 31, 32
+    blank = np.array([5, eot])
+    suppress = np.array([sot])
+
+    def after(sampled, first=False, logits=None):
+        if logits is None:  # text token 7 and the end the likeliest: the timestamps together do not outweigh them
+            logits = np.zeros(vocab)
+            logits[7] = logits[eot] = 5.0
+        lg = logits.astype(np.float32)
+        s = np.array(sampled + [0], np.int64)
+        _rules(lg, s, len(sampled), first, ts, eot, no_ts, blank, 3, suppress)
+        return np.isfinite(lg)
+
+    first = after([], first=True)
+    assert list(np.flatnonzero(first)) == [ts, ts + 1, ts + 2, ts + 3]  # a timestamp up to the initial limit
+    opened = after([ts + 2, 7])  # text in an open segment: more text, the end, or a timestamp from ts+3 on
+    assert opened[7] and opened[eot] and not opened[ts + 2] and opened[ts + 3] and not opened[sot] and not opened[no_ts]
+    closing = after([ts + 2, 7, ts + 5])  # a lone timestamp: its pair (>= itself) or the end, no text
+    assert not closing[7] and closing[eot] and closing[ts + 5] and not closing[ts + 4]
+    closed = after([ts + 2, 7, ts + 5, ts + 5])  # a pair: text or the end next, no timestamp
+    assert closed[7] and closed[eot] and not closed[ts:].any()
+    heavy = np.zeros(vocab)
+    heavy[ts + 4 :] = 3.0  # timestamps together outweigh the best text token: a timestamp is forced
+    forced = after([ts + 2, 7], logits=heavy)
+    assert not forced[:ts].any() and forced[ts + 4]
+
+
+def test_greedy_decodes_silence_as_no_speech(pair):
+    ours, _ = pair
+    assert ours.transcribe(np.zeros(ASR_RATE, np.float32)).text == ""
+
+
+def test_a_damaged_model_file_is_a_clear_error(tmp_path):
+    good = whisper_model_dir() / "model.bin"
+    cut = tmp_path / "model.bin"
+    cut.write_bytes(good.read_bytes()[:100_000])
+    with pytest.raises(EngineError, match="not a readable CTranslate2 model"):
+        read_ct2(cut)
+    cut.write_bytes(b"\x07\x00\x00\x00" + b"\x00" * 64)
+    with pytest.raises(EngineError, match="format 7"):
+        read_ct2(cut)
+    with pytest.raises(EngineError, match="not a Whisper"):
+        Decoder(_one_variable(tmp_path))
+    with pytest.raises(ValueError, match="numba or ctranslate2"):
+        WhisperTranscriber(decoder="onnx")
+
+
+def _one_variable(tmp_path: Path) -> Path:
+    """A valid model.bin (version 6) holding one float32 variable and no decoder."""
+    import struct
+
+    def text(s: str) -> bytes:
+        return struct.pack("<H", len(s) + 1) + s.encode() + b"\x00"
+
+    body = struct.pack("<I", 6) + text("Spec") + struct.pack("<I", 1) + struct.pack("<I", 1)
+    body += text("x") + struct.pack("<B", 1) + struct.pack("<I", 4) + struct.pack("<B", 0) + struct.pack("<I", 16)
+    body += np.arange(4, dtype=np.float32).tobytes() + struct.pack("<I", 0)
+    path = tmp_path / "one.bin"
+    path.write_bytes(body)
+    return path
+
+
+def test_greedy_stops_at_the_length_limit(pair):
+    ours, _ = pair
+    tk = ours.tokenizer
+    dec = ours.decoder
+    dec.start(np.random.default_rng(3).standard_normal((1, 50, 384)).astype(np.float32))
+    g = greedy(dec, [tk.sot], 2, eot=tk.eot, ts_begin=tk.timestamp_begin, no_timestamps=tk.no_timestamps,
+               no_speech=tk.no_speech, blank=ours._blank, suppress=ours._suppress)
+    assert len(g.tokens) <= 2 and 0.0 <= g.no_speech_prob <= 1.0
+    if len(g.tokens) == 2:
+        assert not g.ended

@@ -1,0 +1,584 @@
+"""Whisper's text decoder on the decode core's integer kernels: greedy decoding with Whisper's rules.
+
+CTranslate2 decodes tiny.en at about 5 ms a token on this project's 2-core VM whatever its compute type,
+most of it per-step overhead (BENCHMARKS.md); the decoder is small (4 layers of width 384, a 51,864-word
+projection tied to the embeddings), so the same step on ``decode.qint``'s kernels costs about a
+millisecond. The encoder stays on CTranslate2.
+
+Weights come from the CTranslate2 ``model.bin`` the transcriber already loads (its format: a version,
+the spec's name and revision, then named variables with their shape, dtype and bytes, then aliases). Each
+weight matrix is quantized once at load to Q8_0 blocks (32 values, one f16 scale: finer than
+CTranslate2's int8 with one scale a row) and repacked for the kernels; the matrices of a step are
+products of 8-bit activations with them (``qint``), the rest (layer norms, attention, GELU) float32.
+
+One step (``Decoder.step``) runs the architecture of OpenAI's Whisper decoder: token + learned position
+embedding; per layer, pre-norm self-attention (q|k|v fused, causal over the tokens so far), pre-norm
+cross-attention over the encoder's output (its keys and values computed once per utterance in
+``Decoder.start``), pre-norm GELU MLP, each added to the residual; a final norm, then logits against the
+embeddings. ``greedy`` applies the rules CTranslate2's ``generate`` applies for Whisper (suppressed
+tokens, a blank suppressed at the first step, timestamps in pairs, non-decreasing, the first at most at
+``max_initial_timestamp``, a timestamp forced when timestamps together outweigh the best text token) and
+returns the tokens, their log-probability and the no-speech probability at the start token.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numba import njit, prange
+
+from decode import qint, simd
+from decode.qint import exp_f32
+from decode.quant import QType
+from voice.errors import EngineError
+
+_JIT = dict(cache=True, nogil=True)
+_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
+
+
+def read_ct2(path: str | Path) -> dict[str, np.ndarray]:
+    """The variables of a CTranslate2 ``model.bin`` (binary version 6), aliases resolved; views of one read."""
+    data = Path(path).read_bytes()
+    off = 0
+
+    def take(fmt: str):
+        nonlocal off
+        (v,) = struct.unpack_from(fmt, data, off)
+        off += struct.calcsize(fmt)
+        return v
+
+    def text() -> str:
+        nonlocal off
+        n = take("<H")
+        s = data[off : off + n - 1].decode()
+        off += n
+        return s
+
+    try:
+        version = take("<I")
+        if version != 6:
+            raise EngineError(f"{path}: CTranslate2 model format {version}, this reader knows version 6")
+        text()  # the spec's name
+        take("<I")  # its revision
+        out: dict[str, np.ndarray] = {}
+        for _ in range(take("<I")):
+            name = text()
+            dims = [take("<I") for _ in range(take("<B"))]
+            dtype = _DTYPES.get(take("<B"))
+            nbytes = take("<I")
+            if dtype is not None:
+                out[name] = np.frombuffer(data, dtype, nbytes // np.dtype(dtype).itemsize, off).reshape(dims)
+            off += nbytes
+        for _ in range(take("<I")):
+            alias, name = text(), text()
+            if name in out:
+                out[alias] = out[name]
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise EngineError(f"{path}: not a readable CTranslate2 model ({exc})") from exc
+    return out
+
+
+def q8_0_blocks(w: np.ndarray) -> np.ndarray:
+    """``w (rows, cols)`` as GGUF Q8_0 rows ``uint8 (rows, cols / 32 * 34)``: per 32 values ``d = max|x| / 127``
+    as f16, then ``rint(x / d)`` as int8."""
+    w = np.asarray(w, np.float32)
+    rows, cols = w.shape
+    blocks = w.reshape(rows, cols // 32, 32)
+    d = (np.abs(blocks).max(axis=2) / 127.0).astype(np.float16)
+    inv = np.where(d > 0, 1.0 / np.maximum(d.astype(np.float32), 1e-30), 0.0)
+    q = np.clip(np.rint(blocks * inv[:, :, None]), -127, 127).astype(np.int8)
+    out = np.empty((rows, cols // 32, 34), np.uint8)
+    out[:, :, :2] = d.view(np.uint8).reshape(rows, cols // 32, 2)
+    out[:, :, 2:] = q.view(np.uint8)
+    return out.reshape(rows, -1)
+
+
+# -- float32 parts of a step --------------------------------------------------------------------
+
+
+@njit(**_JIT)
+def layer_norm(x, gamma, beta, out):
+    """``out[0] = (x - mean) / sqrt(var + 1e-5) * gamma + beta`` over the one row ``x``."""
+    n = x.shape[0]
+    mean = np.float32(0.0)
+    for i in range(n):
+        mean += x[i]
+    mean /= n
+    var = np.float32(0.0)
+    for i in range(n):
+        var += (x[i] - mean) * (x[i] - mean)
+    inv = np.float32(1.0) / np.float32(math.sqrt(var / n + 1e-5))
+    for i in range(n):
+        out[0, i] = (x[i] - mean) * inv * gamma[i] + beta[i]
+
+
+@njit(**_JIT)
+def gelu_bias(h, bias):
+    """``h = gelu(h + bias)`` (the erf form) over row 0."""
+    for i in range(h.shape[1]):
+        v = h[0, i] + bias[i]
+        h[0, i] = np.float32(0.5) * v * (np.float32(1.0) + np.float32(math.erf(v * 0.7071067811865476)))
+
+
+@njit(inline="always", error_model="numpy", **_JIT)
+def _attend(q, keys, values, head_stride, stride, n, heads, out, scores):
+    """Softmax attention of q's ``heads`` 64-wide heads over ``n`` rows of ``keys`` / ``values`` (flat: head
+    ``h`` row ``p`` at ``h * head_stride + p * stride``), into ``out``; 16 float32 lanes at a time."""
+    scale = np.float32(0.125)  # 1 / sqrt(64)
+    zero = simd.fsplat(np.float32(0.0))
+    for h in range(heads):
+        qo = h * 64
+        q0, q1 = simd.fload(q, qo), simd.fload(q, qo + 16)
+        q2, q3 = simd.fload(q, qo + 32), simd.fload(q, qo + 48)
+        best = np.float32(-np.inf)
+        for p in range(n):
+            base = h * head_stride + p * stride
+            a = simd.fmul(q0, simd.fload(keys, base))
+            a = simd.fadd(a, simd.fmul(q1, simd.fload(keys, base + 16)))
+            a = simd.fadd(a, simd.fmul(q2, simd.fload(keys, base + 32)))
+            a = simd.fadd(a, simd.fmul(q3, simd.fload(keys, base + 48)))
+            sc = simd.fhsum(a) * scale
+            scores[p] = sc
+            best = sc if sc > best else best
+        total = np.float32(0.0)
+        for p in range(n):
+            scores[p] = exp_f32(scores[p] - best)
+        for p in range(n):
+            total += scores[p]
+        a0, a1, a2, a3 = zero, zero, zero, zero
+        for p in range(n):
+            wgt = simd.fsplat(scores[p])
+            base = h * head_stride + p * stride
+            a0 = simd.fadd(a0, simd.fmul(wgt, simd.fload(values, base)))
+            a1 = simd.fadd(a1, simd.fmul(wgt, simd.fload(values, base + 16)))
+            a2 = simd.fadd(a2, simd.fmul(wgt, simd.fload(values, base + 32)))
+            a3 = simd.fadd(a3, simd.fmul(wgt, simd.fload(values, base + 48)))
+        iv = simd.fsplat(np.float32(1.0) / total)
+        simd.fstore(out, qo, simd.fmul(a0, iv))
+        simd.fstore(out, qo + 16, simd.fmul(a1, iv))
+        simd.fstore(out, qo + 32, simd.fmul(a2, iv))
+        simd.fstore(out, qo + 48, simd.fmul(a3, iv))
+
+
+@njit(**_JIT)
+def self_attend(qkv, bias, k_cache, v_cache, pos, heads, out, scores):
+    """Adds the fused q|k|v bias to ``qkv (3d,)``, stores k and v at ``pos`` of the caches ``(n_ctx, d)``
+    and attends over positions ``0 .. pos`` into ``out (d,)``."""
+    d = k_cache.shape[1]
+    for i in range(3 * d):
+        qkv[i] += bias[i]
+    for i in range(d):
+        k_cache[pos, i] = qkv[d + i]
+        v_cache[pos, i] = qkv[2 * d + i]
+    _attend(qkv, k_cache.reshape(-1), v_cache.reshape(-1), 64, d, pos + 1, heads, out, scores)
+
+
+@njit(**_JIT)
+def cross_attend(q, bias, kv, heads, out, scores):
+    """Adds q's bias to ``q (d,)`` and attends over the encoder's keys ``kv[0]`` and values ``kv[1]``, each
+    ``(heads, frames, 64)`` (a head's rows contiguous: one stream per head), into ``out (d,)``."""
+    for i in range(q.shape[0]):
+        q[i] += bias[i]
+    frames = kv.shape[2]
+    _attend(q, kv[0].reshape(-1), kv[1].reshape(-1), frames * 64, 64, frames, heads, out, scores)
+
+
+@njit(inline="always", **_JIT)
+def _step_body(matvec, pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache, cross, heads,
+               scores, logits, d):
+    """One decoder step on ``x (1, d)`` (its token and position embedded already) through every layer, then
+    the final norm and the logits; ``matvec`` is one of ``qint``'s ``qmatvec_*``. ``W`` is the tuple of the
+    stacked packed matrices (q|k|v, self out, cross q, cross out, fc1, fc2, projection), each ``(qtype, qs,
+    d, m)``; ``norms (layers + 1, 3, 2, d)`` gamma and beta; ``biases`` their tuple of ``(layers, n)``."""
+    none = np.zeros(0, np.float32)
+    empty = np.zeros((0, 0), np.float32)
+    t0, qs0, d0, m0 = W[0]
+    t1, qs1, d1, m1 = W[1]
+    t2, qs2, d2, m2 = W[2]
+    t3, qs3, d3, m3 = W[3]
+    t4, qs4, d4, m4 = W[4]
+    t5, qs5, d5, m5 = W[5]
+    t6, qs6, d6, m6 = W[6]
+    b0, b1, b2, b3, b4, b5 = biases
+    for i in range(qs0.shape[0]):
+        layer_norm(x[0], norms[i, 0, 0], norms[i, 0, 1], h)
+        matvec(t0, qs0[i], d0[i], m0[i], h, 0, none, 0.0, empty, aq, ad, as_, am, qkv, False)
+        self_attend(qkv[0], b0[i], k_cache[i], v_cache[i], pos, heads, att[0], scores)
+        matvec(t1, qs1[i], d1[i], m1[i], att, 0, none, 0.0, empty, aq, ad, as_, am, x, True)
+        for j in range(d):
+            x[0, j] += b1[i, j]
+        layer_norm(x[0], norms[i, 1, 0], norms[i, 1, 1], h)
+        matvec(t2, qs2[i], d2[i], m2[i], h, 0, none, 0.0, empty, aq, ad, as_, am, q, False)
+        cross_attend(q[0], b2[i], cross[i], heads, att[0], scores)
+        matvec(t3, qs3[i], d3[i], m3[i], att, 0, none, 0.0, empty, aq, ad, as_, am, x, True)
+        for j in range(d):
+            x[0, j] += b3[i, j]
+        layer_norm(x[0], norms[i, 2, 0], norms[i, 2, 1], h)
+        matvec(t4, qs4[i], d4[i], m4[i], h, 0, none, 0.0, empty, aq, ad, as_, am, ffn, False)
+        gelu_bias(ffn, b4[i])
+        matvec(t5, qs5[i], d5[i], m5[i], ffn, 0, none, 0.0, empty, aq, ad, as_, am, x, True)
+        for j in range(d):
+            x[0, j] += b5[i, j]
+    last = qs0.shape[0]
+    layer_norm(x[0], norms[last, 0, 0], norms[last, 0, 1], h)
+    matvec(t6, qs6[0], d6[0], m6[0], h, 0, none, 0.0, empty, aq, ad, as_, am, logits, False)
+
+
+@njit(**_JIT)
+def step_vnni(pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache, cross, heads, scores,
+              logits, d):
+    """``_step_body`` with ``qint.qmatvec_vnni``."""
+    _step_body(qint.qmatvec_vnni, pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache,
+               cross, heads, scores, logits, d)
+
+
+@njit(**_JIT)
+def step_avx2(pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache, cross, heads, scores,
+              logits, d):
+    """``_step_body`` with ``qint.qmatvec_avx2``."""
+    _step_body(qint.qmatvec_avx2, pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache,
+               cross, heads, scores, logits, d)
+
+
+@njit(**_JIT)
+def step_plain(pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache, cross, heads, scores,
+              logits, d):
+    """``_step_body`` with ``qint.qmatvec_plain``."""
+    _step_body(qint.qmatvec_plain, pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache,
+               cross, heads, scores, logits, d)
+
+
+_STEPS = {"vnni": step_vnni, "avx2": step_avx2, "plain": step_plain}
+
+
+@njit(parallel=True, error_model="numpy", **_JIT)
+def cross_kv(enc, w, b, out):
+    """``out[kv, h, r] = (enc[r] . w + b)[kv * d + 64 h : .. + 64]``: the encoder output ``enc (frames, d)``
+    to the cross-attention keys (``kv`` 0) and values (1) of each head, ``w (d, 2d)`` float32, ``out (2,
+    heads, frames, 64)``. Register tiles of 4 rows x 64 columns (16 vectors of 16 float32): each weight
+    vector loaded serves 4 rows."""
+    frames, d = enc.shape
+    blocks = w.shape[1] // 64
+    heads = blocks // 2
+    wf = w.reshape(-1)
+    ef = enc.reshape(-1)
+    of = out.reshape(-1)
+    width = w.shape[1]
+    groups = (frames + 3) // 4
+    for task in prange(groups * blocks):
+        r0 = (task // blocks) * 4
+        c = task % blocks
+        col = c * 64
+        e0 = min(r0 + 0, frames - 1) * d
+        e1 = min(r0 + 1, frames - 1) * d
+        e2 = min(r0 + 2, frames - 1) * d
+        e3 = min(r0 + 3, frames - 1) * d
+        bias0 = simd.fload(b, col + 0)
+        bias1 = simd.fload(b, col + 16)
+        bias2 = simd.fload(b, col + 32)
+        bias3 = simd.fload(b, col + 48)
+        a00, a01, a02, a03 = bias0, bias1, bias2, bias3
+        a10, a11, a12, a13 = bias0, bias1, bias2, bias3
+        a20, a21, a22, a23 = bias0, bias1, bias2, bias3
+        a30, a31, a32, a33 = bias0, bias1, bias2, bias3
+        for k in range(d):
+            w0 = simd.fload(wf, k * width + col + 0)
+            w1 = simd.fload(wf, k * width + col + 16)
+            w2 = simd.fload(wf, k * width + col + 32)
+            w3 = simd.fload(wf, k * width + col + 48)
+            x0 = simd.fsplat(ef[e0 + k])
+            a00 = simd.ffma(x0, w0, a00)
+            a01 = simd.ffma(x0, w1, a01)
+            a02 = simd.ffma(x0, w2, a02)
+            a03 = simd.ffma(x0, w3, a03)
+            x1 = simd.fsplat(ef[e1 + k])
+            a10 = simd.ffma(x1, w0, a10)
+            a11 = simd.ffma(x1, w1, a11)
+            a12 = simd.ffma(x1, w2, a12)
+            a13 = simd.ffma(x1, w3, a13)
+            x2 = simd.fsplat(ef[e2 + k])
+            a20 = simd.ffma(x2, w0, a20)
+            a21 = simd.ffma(x2, w1, a21)
+            a22 = simd.ffma(x2, w2, a22)
+            a23 = simd.ffma(x2, w3, a23)
+            x3 = simd.fsplat(ef[e3 + k])
+            a30 = simd.ffma(x3, w0, a30)
+            a31 = simd.ffma(x3, w1, a31)
+            a32 = simd.ffma(x3, w2, a32)
+            a33 = simd.ffma(x3, w3, a33)
+        kv = c // heads
+        h = c % heads
+        if r0 + 0 < frames:
+            o = ((kv * heads + h) * frames + r0 + 0) * 64
+            simd.fstore(of, o + 0, a00)
+            simd.fstore(of, o + 16, a01)
+            simd.fstore(of, o + 32, a02)
+            simd.fstore(of, o + 48, a03)
+        if r0 + 1 < frames:
+            o = ((kv * heads + h) * frames + r0 + 1) * 64
+            simd.fstore(of, o + 0, a10)
+            simd.fstore(of, o + 16, a11)
+            simd.fstore(of, o + 32, a12)
+            simd.fstore(of, o + 48, a13)
+        if r0 + 2 < frames:
+            o = ((kv * heads + h) * frames + r0 + 2) * 64
+            simd.fstore(of, o + 0, a20)
+            simd.fstore(of, o + 16, a21)
+            simd.fstore(of, o + 32, a22)
+            simd.fstore(of, o + 48, a23)
+        if r0 + 3 < frames:
+            o = ((kv * heads + h) * frames + r0 + 3) * 64
+            simd.fstore(of, o + 0, a30)
+            simd.fstore(of, o + 16, a31)
+            simd.fstore(of, o + 32, a32)
+            simd.fstore(of, o + 48, a33)
+
+
+# -- the decoder ---------------------------------------------------------------------------------
+
+
+def _stack(mats: list[np.ndarray]) -> tuple:
+    """``(qtype, qs, d, m)`` of same-shaped float32 matrices, quantized to Q8_0 and packed, with a leading
+    layer axis."""
+    packed = [qint.pack([(QType.Q8_0, q8_0_blocks(m))]) for m in mats]
+    return (int(QType.Q8_0), np.stack([p.qs for p in packed]), np.stack([p.d for p in packed]),
+            np.stack([p.m for p in packed]))
+
+
+@dataclass(frozen=True, slots=True)
+class Greedy:
+    tokens: list[int]  # without the prompt or the end token
+    sum_logprob: float  # of every chosen token, the end token included
+    no_speech_prob: float
+    ended: bool  # the end token came before the length limit
+
+
+#: Per layer: the packed products of a step, in ``_step_body``'s order, by their CTranslate2 names.
+_PRODUCTS = ("self_attention/linear_0", "self_attention/linear_1", "attention/linear_0", "attention/linear_2",
+             "ffn/linear_0", "ffn/linear_1")
+_NORMS = ("self_attention/layer_norm", "attention/layer_norm", "ffn/layer_norm")
+
+
+@dataclass(frozen=True, slots=True)
+class _Weights:
+    """What decoders of one model share (read-only)."""
+
+    heads: int
+    embeddings: np.ndarray  # (vocab, d) half, as stored
+    positions: np.ndarray  # (n_ctx, d) float32
+    products: tuple  # _stack()s of _PRODUCTS, then the projection's
+    norms: np.ndarray  # (layers + 1, 3, 2, d): gamma, beta; the last row the final norm (thrice)
+    biases: tuple  # (layers, n) float32 of _PRODUCTS
+    cross_w: np.ndarray  # (layers, d, 2d) float32: the encoder output to cross keys | values
+    cross_b: np.ndarray  # (layers, 2d)
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [self.embeddings, self.positions, self.norms, self.cross_w, self.cross_b, *self.biases]
+        arrays += [a for w in self.products for a in w[1:]]
+        return sum(a.nbytes for a in arrays)
+
+
+def load_weights(model_bin: str | Path) -> _Weights:
+    v = read_ct2(model_bin)
+
+    def f32(name: str) -> np.ndarray:
+        if name not in v:
+            raise EngineError(f"{model_bin}: no variable {name!r} (not a Whisper decoder)")
+        return np.ascontiguousarray(v[name], np.float32)
+
+    layers = 0
+    while f"decoder/layer_{layers}/ffn/linear_0/weight" in v:
+        layers += 1
+    if not layers:
+        raise EngineError(f"{model_bin}: no decoder layers (not a Whisper model?)")
+    heads = int(np.asarray(v.get("decoder/num_heads", np.int16(6))).reshape(-1)[0])
+    emb = f32("decoder/embeddings/weight")
+    if emb.shape[1] != heads * 64:
+        raise EngineError(f"{model_bin}: heads of {emb.shape[1] // heads}, the attention kernel takes 64")
+    names = [[f"decoder/layer_{i}/{n}" for i in range(layers)] for n in _PRODUCTS]
+    norm = [[(f32(f"decoder/layer_{i}/{n}/gamma"), f32(f"decoder/layer_{i}/{n}/beta")) for n in _NORMS]
+            for i in range(layers)]
+    final = (f32("decoder/layer_norm/gamma"), f32("decoder/layer_norm/beta"))
+    return _Weights(
+        heads=heads,
+        embeddings=emb.astype(np.float16),
+        positions=f32("decoder/position_encodings/encodings"),
+        products=tuple(_stack([f32(n + "/weight") for n in group]) for group in names) + (_stack([emb]),),
+        norms=np.array(norm + [[final] * 3], np.float32),
+        biases=tuple(np.stack([f32(n + "/bias") for n in group]) for group in names),
+        cross_w=np.ascontiguousarray(np.stack([f32(f"decoder/layer_{i}/attention/linear_1/weight").T for i in range(layers)])),
+        cross_b=np.stack([f32(f"decoder/layer_{i}/attention/linear_1/bias") for i in range(layers)]),
+    )
+
+
+class Decoder:
+    """Whisper's decoder from a CTranslate2 ``model.bin`` (or another decoder's weights), on
+    ``decode.qint``'s kernels; its caches and scratch are its own."""
+
+    def __init__(self, model_bin: str | Path | None = None, *, kernels: str = "auto", weights: _Weights | None = None):
+        if weights is None:
+            if model_bin is None:
+                raise ValueError("Decoder needs a model.bin or weights")
+            weights = load_weights(model_bin)
+        self.weights = w = weights
+        self.kernels = qint.select(kernels)
+        self._step = _STEPS[self.kernels.name]
+        self.heads = w.heads
+        self.vocab, self.d = w.embeddings.shape
+        self.n_ctx, d = w.positions.shape[0], self.d
+        layers = w.cross_w.shape[0]
+        self.k_cache = np.zeros((layers, self.n_ctx, d), np.float32)
+        self.v_cache = np.zeros_like(self.k_cache)
+        self.x = np.zeros((1, d), np.float32)
+        self.h = np.zeros((1, d), np.float32)
+        self.qkv = np.zeros((1, 3 * d), np.float32)
+        self.att = np.zeros((1, d), np.float32)
+        self.q = np.zeros((1, d), np.float32)
+        self.scores = np.zeros(1500, np.float32)  # Whisper's longest encoder output
+        self.ffn = np.zeros((1, w.biases[4].shape[1]), np.float32)
+        self.logits = np.zeros((1, self.vocab), np.float32)
+        self.act = qint.Activations(max(3 * d, self.ffn.shape[1]))
+        self._cross = np.zeros((layers, 2, self.heads, 0, 64), np.float32)
+
+    def fork(self) -> Decoder:
+        """Another decoder on the same weights (its own caches), for another thread."""
+        return Decoder(weights=self.weights, kernels=self.kernels.name)
+
+    def start(self, encoded: np.ndarray) -> None:
+        """The cross-attention keys and values of ``encoded ((1,) frames, d)``, one window's encoder output."""
+        enc = np.ascontiguousarray(encoded, np.float32)
+        if enc.ndim == 3:
+            enc = enc[0]
+        frames = enc.shape[0]
+        if not 0 < frames <= self.scores.shape[0] or enc.shape[1] != self.d:
+            raise ValueError(f"encoder output of shape {enc.shape}, expected (1..1500, {self.d})")
+        w = self.weights
+        cross = np.empty((w.cross_w.shape[0], 2, self.heads, frames, 64), np.float32)
+        for i in range(w.cross_w.shape[0]):
+            cross_kv(enc, w.cross_w[i], w.cross_b[i], cross[i])
+        self._cross = cross
+
+    def step(self, token: int, pos: int) -> np.ndarray:
+        """The logits ``(vocab,)`` after ``token`` at position ``pos`` (positions 0 .. pos-1 already stepped)."""
+        if not 0 <= pos < self.n_ctx:
+            raise ValueError(f"position {pos} outside Whisper's {self.n_ctx}-token context")
+        if self._cross.shape[3] == 0:
+            raise RuntimeError("Decoder.step before Decoder.start")
+        w = self.weights
+        np.add(w.embeddings[token], w.positions[pos], out=self.x[0], dtype=np.float32)
+        a = self.act
+        self._step(pos, self.x, self.h, self.qkv, self.att, self.q, self.ffn, a.q, a.d, a.s, a.m, w.products, w.norms,
+                   w.biases, self.k_cache, self.v_cache, self._cross, self.heads, self.scores, self.logits, self.d)
+        return self.logits[0]
+
+
+@njit(**_JIT)
+def _rules(logits, sampled, n, first_step, ts_begin, eot, no_ts, blank, max_initial, suppress):
+    """Whisper's logit rules, in place, for the ``n`` tokens ``sampled`` so far."""
+    neg = np.float32(-np.inf)
+    vocab = logits.shape[0]
+    for t in suppress:
+        logits[t] = neg
+    logits[no_ts] = neg
+    if first_step:
+        logits[blank] = neg
+        logits[eot] = neg
+    last_ts = n >= 1 and sampled[n - 1] >= ts_begin
+    penult_ts = n < 2 or sampled[n - 2] >= ts_begin
+    if last_ts:
+        if penult_ts:  # a pair closed: text (or the end) comes next
+            for t in range(ts_begin, vocab):
+                logits[t] = neg
+        else:  # an open segment: its closing timestamp or the end
+            for t in range(eot):
+                logits[t] = neg
+    lowest = -1
+    for i in range(n - 1, -1, -1):
+        if sampled[i] >= ts_begin:
+            lowest = sampled[i] if (last_ts and not penult_ts) else sampled[i] + 1
+            break
+    if lowest >= 0:
+        for t in range(ts_begin, min(lowest, vocab)):
+            logits[t] = neg
+    if first_step:
+        for t in range(ts_begin):
+            logits[t] = neg
+        for t in range(ts_begin + max_initial + 1, vocab):
+            logits[t] = neg
+    # the timestamps together more likely than the best text token (log-softmax's normalizer cancels)
+    text_best = neg
+    for t in range(ts_begin):
+        if logits[t] > text_best:
+            text_best = logits[t]
+    ts_best = neg
+    for t in range(ts_begin, vocab):
+        if logits[t] > ts_best:
+            ts_best = logits[t]
+    if ts_best > neg:
+        ts_total = np.float64(0.0)
+        for t in range(ts_begin, vocab):
+            if logits[t] > neg:
+                ts_total += math.exp(logits[t] - ts_best)
+        if ts_best + math.log(ts_total) > text_best:
+            for t in range(ts_begin):
+                logits[t] = neg
+
+
+@njit(**_JIT)
+def _logsumexp(logits):
+    best = logits.max()
+    total = np.float64(0.0)
+    for t in range(logits.shape[0]):
+        if logits[t] > -np.inf:
+            total += math.exp(logits[t] - best)
+    return best + math.log(total)
+
+
+@njit(**_JIT)
+def _softmax_at(logits, index):
+    best = logits.max()
+    total = np.float64(0.0)
+    for t in range(logits.shape[0]):
+        total += math.exp(logits[t] - best)
+    return math.exp(logits[index] - best) / total
+
+
+def greedy(dec: Decoder, prompt: list[int], max_new: int, *, eot: int, ts_begin: int, no_timestamps: int,
+           no_speech: int, blank: list[int], suppress: list[int], max_initial_timestamp: int = 50,
+           logprob_below: float = 1.0) -> Greedy:
+    """Greedy decoding from ``prompt`` (the encoder output already in ``dec.start``) with Whisper's timestamp
+    rules, at most ``max_new`` tokens. The tokens' log-probability (a softmax over the vocabulary each step)
+    is summed only when the no-speech probability is at least ``logprob_below`` (it decides silence only
+    together with it); ``Greedy.sum_logprob`` is NaN otherwise."""
+    sup = np.asarray(suppress, np.int64)
+    blank_ids = np.asarray(blank, np.int64)
+    sampled = np.zeros(max_new + 1, np.int64)
+    logits = None
+    for pos, tok in enumerate(prompt):
+        logits = dec.step(tok, pos)
+    assert logits is not None
+    no_speech_prob = float(_softmax_at(logits, no_speech))
+    pos = len(prompt)
+    total = 0.0 if no_speech_prob >= logprob_below else math.nan
+    n = 0
+    ended = False
+    while n < max_new:
+        _rules(logits, sampled, n, n == 0, ts_begin, eot, no_timestamps, blank_ids, max_initial_timestamp, sup)
+        tok = int(np.argmax(logits))
+        if not math.isnan(total):
+            total += float(logits[tok]) - _logsumexp(logits)
+        if tok == eot:
+            ended = True
+            break
+        sampled[n] = tok
+        n += 1
+        if pos >= dec.n_ctx:
+            break
+        logits = dec.step(tok, pos)
+        pos += 1
+    return Greedy([int(t) for t in sampled[:n]], total, no_speech_prob, ended)
