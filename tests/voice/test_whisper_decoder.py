@@ -20,8 +20,9 @@ SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
 @pytest.fixture(scope="module")
 def pair():
-    ours = WhisperTranscriber()
-    ref = WhisperTranscriber(decoder="ctranslate2")
+    """Both decoders on 8 s windows (where the short-window guard never decides for them)."""
+    ours = WhisperTranscriber(min_window_s=8.0, pad_s=3.0)
+    ref = WhisperTranscriber(decoder="ctranslate2", min_window_s=8.0, pad_s=3.0)
     assert ours.decoder is not None and ref.decoder is None
     return ours, ref
 
