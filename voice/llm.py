@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from decode import GREEDY, Generator, SamplingParams
+from decode.generate import common_prefix
 
 # -- grounding: which facts answer a question -----------------------------------------------------------
 # Words of the question against the words of each fact, and against cue words of the common kinds of
@@ -361,10 +362,17 @@ class LLMConversation:
         return self._opening + turns
 
     def prepare(self) -> int:
-        """Prefill what the next prompt will start with (the context up to the next user turn),
+        """Prefill what the next prompt will start with (the context and the next user message's
+        header, ``<|im_start|>user\n`` in ChatML: 3 tokens, ~5 ms at the persona's ~460 positions),
         so a turn only computes its own tokens; returns the tokens computed."""
-        ids = self.generator.encode_chat(self.context(), add_generation_prompt=False)
-        return self.generator.prefill(ids)
+        return self.generator.prefill(self.next_prefix())
+
+    def next_prefix(self) -> list[int]:
+        """The ids every next prompt starts with: those two different user messages after ``context()`` share."""
+        context = self.context()
+        a, b = (self.generator.encode_chat(context + [{"role": "user", "content": c}], add_generation_prompt=False)
+                for c in ("a", "b"))
+        return a[:common_prefix(a, b)]
 
     def opening_tokens(self, persona: Persona | None = None) -> int:
         """Tokens of ``persona``'s opening (this conversation's by default): its system text and examples."""
