@@ -1,8 +1,10 @@
 """The voice loop's input: audio at ``ASR_RATE`` addressed by its position in the stream, and the clock time of each sample.
 
 ``append(chunk)`` takes a chunk at any rate (one streaming resampler per input rate) and stores it at ``ASR_RATE``;
-``utterance(first, last, padding_ms)`` cuts a turn's audio out again.  Memory stays bounded: when the caller says no turn
-needs older audio, only the last ``keep_s`` seconds are kept (positions stay those of the whole stream).
+``utterance(first, last, padding_ms)`` cuts a turn's audio out again.  Memory stays bounded: the caller says from which
+sample a turn in progress needs the audio (``keep_from``), and when the buffer is full only the last ``keep_s`` seconds
+and what that turn needs are kept (positions stay those of the whole stream).  (Before, a buffer that filled up while any
+turn was open doubled instead: in a 4-session soak, sessions that talk and listen in turn grew theirs to 256 s, 8 MB.)
 
 Time: sample 0 is clock time 0 on a virtual clock.  Live input (``clock.realtime``) anchors sample 0 at the arrival of the
 first chunk, and input that arrives faster than real time (a client sending a file at once) is re-anchored so that it ends
@@ -48,9 +50,9 @@ class InputBuffer:
 
     # -- audio ---------------------------------------------------------------------------------
 
-    def append(self, chunk: AudioChunk, may_forget: bool) -> np.ndarray:
-        """Store ``chunk`` (any rate) and return it at ``ASR_RATE``; ``may_forget``: no turn needs audio older than
-        ``keep_s``, so it may be dropped if room is needed."""
+    def append(self, chunk: AudioChunk, keep_from: int | None) -> np.ndarray:
+        """Store ``chunk`` (any rate) and return it at ``ASR_RATE``; ``keep_from``: the first sample a turn in progress
+        may still need (None: no turn needs any), kept with the last ``keep_s`` seconds when room is needed."""
         clock = self.clock
         if self.origin_s is None:
             self.origin_s = clock.now() - len(chunk.pcm) / chunk.rate if clock.realtime else 0.0
@@ -59,19 +61,22 @@ class InputBuffer:
             rs = self._resamplers[chunk.rate] = Resampler(chunk.rate, ASR_RATE)
         pcm = rs(chunk.pcm)
         self.lag_samples = rs.lag
-        self._store(pcm, may_forget)
+        self._store(pcm, keep_from)
         if clock.realtime and self.input_time > clock.now():
             self.origin_s -= self.input_time - clock.now()
         return pcm
 
-    def _store(self, pcm: np.ndarray, may_forget: bool) -> None:
+    def _store(self, pcm: np.ndarray, keep_from: int | None) -> None:
         used = self.end_sample - self.base_sample
         if used + len(pcm) > len(self._audio):
-            keep = self.keep_s * ASR_RATE
-            if used > keep and may_forget:  # (a turn in progress keeps all its audio, however long)
-                self._audio[:keep] = self._audio[used - keep:used]
-                self.base_sample += used - keep
-                used = keep
+            oldest = self.end_sample - self.keep_s * ASR_RATE
+            if keep_from is not None:  # a turn in progress keeps all its audio, however long
+                oldest = min(oldest, keep_from)
+            drop = oldest - self.base_sample
+            if drop > 0:
+                self._audio[:used - drop] = self._audio[drop:used]
+                self.base_sample += drop
+                used -= drop
             if used + len(pcm) > len(self._audio):
                 grown = np.zeros(max(2 * len(self._audio), used + len(pcm)), np.int16)
                 grown[:used] = self._audio[:used]

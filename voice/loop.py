@@ -124,6 +124,7 @@ class VoiceLoop:
         self.reports: list[TurnReport] = []
         self.barge_ins: list[BargeIn] = []
         self._trace: TurnTrace | None = None
+        self._trace_first = 0  # the first voiced sample of the open trace's turn
         self._task: _Response | None = None  # the answer to the user's turn
         self._spec: _Response | None = None  # a speculative answer, until the endpoint adopts or drops it
         self._n_turns = 0
@@ -181,7 +182,8 @@ class VoiceLoop:
 
     def feed(self, chunk: AudioChunk) -> None:
         """Input audio; any rate, any length."""
-        pcm = self.input.append(chunk, may_forget=self._trace is None)
+        keep_from = None if self._trace is None else self._trace_first - ASR_RATE  # (a second before: any padding)
+        pcm = self.input.append(chunk, keep_from=keep_from)
         self.vad.feed(pcm)
         self._vad_events()
         self._housekeeping()
@@ -242,7 +244,7 @@ class VoiceLoop:
         if busy:
             self._barge_in(ev, now)
         if self._trace is None:
-            self._new_trace()
+            self._new_trace(ev.first_voiced_sample)
         self._trace.mark("speech_start", self.audio_time(ev.first_voiced_sample), overwrite=True)
         self.turns.fire(TurnEvent.SPEECH_STARTED)
 
@@ -301,7 +303,7 @@ class VoiceLoop:
         self._drop_spec()
         self._restart_vad()
         now = self.clock.now()
-        self._new_trace()
+        self._new_trace(first)
         self._trace.mark("speech_start", self.audio_time(first), overwrite=True)
         self._trace.mark("last_voiced", self.audio_time(last), overwrite=True)
         self._trace.mark("endpoint", max(now, self.audio_time(last)), overwrite=True)
@@ -317,7 +319,7 @@ class VoiceLoop:
         if self._task is not None:
             return False
         self._drop_spec()
-        self._new_trace()
+        self._new_trace(self.input.end_sample)  # a typed turn: no audio of its own
         self._trace.mark("endpoint", self.clock.now(), overwrite=True)
         self.turns.fire(TurnEvent.SPEECH_STOPPED)
         end = self.input.end_sample
@@ -338,7 +340,9 @@ class VoiceLoop:
         self.e.llm.amend_last(spoken)
         self._prepare = True
 
-    def _new_trace(self) -> None:
+    def _new_trace(self, first_sample: int) -> None:
+        """A new turn's trace; its audio starts at ``first_sample`` (later speech in the same turn comes after it)."""
+        self._trace_first = first_sample
         self._n_turns += 1
         self._trace = TurnTrace(turn=self._n_turns, budget_ms=self.cfg.budget_ms)
 

@@ -145,7 +145,7 @@ def test_input_buffer_stays_bounded_and_exact():
     total = (3 * KEEP_AUDIO_S) // 2 * n
     for i in range(0, total, n):
         pcm = np.full(n, (i // n) % 100, np.int16)
-        buf.append(AudioChunk(pcm, 16000, i), may_forget=True)
+        buf.append(AudioChunk(pcm, 16000, i), keep_from=None)
     assert buf.end_sample == total and buf.input_time == total / 16000
     assert buf.capacity_samples <= 2 * KEEP_AUDIO_S * 16000 and buf.base_sample > 0  # ~2.5 MB, however long the session
     tail = buf.utterance(total - 3 * n, total - 1, padding_ms=200)
@@ -154,16 +154,35 @@ def test_input_buffer_stays_bounded_and_exact():
 
 
 def test_input_buffer_keeps_what_a_turn_needs():
-    """While a turn may still need its audio (``may_forget=False``), nothing is dropped."""
+    """While a turn may still need its audio (``keep_from``), none of it is dropped, however long."""
     from voice.audio import AudioChunk
     from voice.input_buffer import InputBuffer
 
     buf = InputBuffer(VirtualClock(), keep_s=1)
     for i in range(5):
-        buf.append(AudioChunk(np.full(16000, i, np.int16), 16000, 0), may_forget=False)
+        buf.append(AudioChunk(np.full(16000, i, np.int16), 16000, 0), keep_from=0)
     assert buf.base_sample == 0
     first = buf.utterance(0, 16000, padding_ms=0)
     assert len(first) == 16000 and not first.any()
+
+
+def test_input_buffer_stays_bounded_while_turns_come_and_go():
+    """Sessions that talk and listen in turn: the buffer fills up while some turn is open, most times; it keeps that
+    turn's audio and the last ``keep_s`` seconds, and its size stays bounded (it used to double each such time)."""
+    from voice.audio import AudioChunk
+    from voice.input_buffer import InputBuffer
+
+    buf = InputBuffer(VirtualClock(), keep_s=4)
+    n = 1600  # 0.1 s chunks
+    for i in range(6000):  # 10 minutes: a 3 s turn starts every 6 s, open for 5 s (its speech and the answer)
+        t = i % 60
+        turn_first = (i - t) * n
+        buf.append(AudioChunk(np.full(n, i % 30000, np.int16), 16000, 0), keep_from=turn_first if t < 50 else None)
+        if t == 30:  # the turn's audio is all there
+            audio = buf.utterance(turn_first, turn_first + 30 * n - 1, padding_ms=0)
+            assert len(audio) == 30 * n - 1
+            assert round(audio[0] * 32768) == i - 30 and round(audio[-1] * 32768) == i - 1
+    assert buf.capacity_samples <= 16 * 16000
 
 
 def test_input_buffer_maps_samples_to_clock_time_and_resampler_lag():
@@ -172,7 +191,7 @@ def test_input_buffer_maps_samples_to_clock_time_and_resampler_lag():
     from voice.input_buffer import InputBuffer
 
     buf = InputBuffer(VirtualClock())
-    out = buf.append(AudioChunk(np.zeros(4410, np.int16), 44100, 0), may_forget=True)
+    out = buf.append(AudioChunk(np.zeros(4410, np.int16), 44100, 0), keep_from=None)
     assert len(out) + buf.lag_samples == 1600 and buf.lag_samples > 0
     assert buf.input_time == pytest.approx(0.1)  # what came out, plus what the filter still owes
     assert buf.audio_time(0) == pytest.approx(buf.lag_samples / 16000)
@@ -184,9 +203,9 @@ def test_input_buffer_manual_commits():
 
     buf = InputBuffer(VirtualClock())
     assert buf.take_uncommitted() is None
-    buf.append(AudioChunk(np.zeros(800, np.int16), 16000, 0), may_forget=True)
+    buf.append(AudioChunk(np.zeros(800, np.int16), 16000, 0), keep_from=None)
     assert buf.uncommitted_s == 0.05
     assert buf.take_uncommitted() == (0, 799) and buf.take_uncommitted() is None
-    buf.append(AudioChunk(np.zeros(800, np.int16), 16000, 0), may_forget=True)
+    buf.append(AudioChunk(np.zeros(800, np.int16), 16000, 0), keep_from=None)
     buf.mark_committed()  # an automatic turn used it
     assert buf.uncommitted_s == 0.0 and buf.take_uncommitted() is None
