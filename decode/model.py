@@ -217,7 +217,10 @@ class StepBuffers:
         self.act = qint.Activations(max(d, qd, ff), rows)
         self.pos = np.zeros(rows, np.int64)  # each row's position
         self._views(cfg)
-        self._heads = {rows: self}
+        #: views of the first n rows (``first``), made once per n; never this object itself: a StepBuffers that held
+        #: itself would live on after its sequence until the garbage collector ran (a connect/abort storm left ~90 of
+        #: them, with their sequences' logits, ~80 MB)
+        self._heads: dict[int, StepBuffers] = {}
 
     def _views(self, cfg: Config) -> None:
         qd, kv, ff = cfg.n_heads * cfg.head_dim, cfg.kv_dim, cfg.d_ff
@@ -227,6 +230,8 @@ class StepBuffers:
 
     def first(self, n: int) -> StepBuffers:
         """These buffers' first ``n`` rows (views, made once per ``n``)."""
+        if n == self.rows:
+            return self
         got = self._heads.get(n)
         if got is None:
             got = object.__new__(StepBuffers)
@@ -235,7 +240,7 @@ class StepBuffers:
                 setattr(got, name, getattr(self, name)[:n])
             got.act = self.act  # flat: the kernels index only the first rows
             got._views(self.cfg)
-            got._heads = {n: got}
+            got._heads = {}
             self._heads[n] = got
         return got
 
