@@ -156,6 +156,7 @@ class VoiceServer:
         self._server = None
         self.limiter = RateLimiter(self.opts.connect_rate, max(1.0, 2 * self.opts.connect_rate))
         self._metrics_page: tuple[float, bytes] | None = None  # rendered at most once a second
+        self._trim_handle: asyncio.TimerHandle | None = None  # the trim after the last connection closed
 
     # -- HTTP and the handshake --------------------------------------------------------------------
 
@@ -219,16 +220,20 @@ class VoiceServer:
     # -- a connection ------------------------------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection) -> None:
-        path = urlsplit(ws.request.path).path
+        url = urlsplit(ws.request.path)
+        path = url.path
         limits = self.opts.limits
         if len(self._conns) >= limits.max_sessions:
             self.metrics.rejected.labels("full").inc()
             await ws.close(1013, f"server full: {len(self._conns)} of {limits.max_sessions} sessions in use; try again later")
+            self._trim_later()
             return
         self._n += 1
         out = _Outbox(ws, asyncio.get_running_loop(), limits.max_output_bytes, self.metrics)
-        session = RealtimeSession(self.shared, out.emit, native=path == "/v1/stream", limits=limits, ids=self.ids,
-                                  loop_config=self.opts.loop_config, metrics=self.metrics, close=out.close, name=f"session-{self._n}")
+        native = path == "/v1/stream"
+        session = RealtimeSession(self.shared, out.emit, native=native, limits=limits, ids=self.ids,
+                                  loop_config=self.opts.loop_config, metrics=self.metrics, close=out.close, name=f"session-{self._n}",
+                                  extensions=native or wants_extensions(parse_qs(url.query)))
         out.session = session
         self._conns[ws] = session
         self.metrics.sessions.inc()
@@ -250,8 +255,17 @@ class VoiceServer:
             self.metrics.active.set(len(self._conns))
             await asyncio.to_thread(session.thread.join, 10)
             trim()  # the session's memory, freed, goes back to the system (well under a millisecond)
+            self._trim_later()
             log.info("%s closed (%s %s): %s", session.name, ws.close_code, ws.close_reason or "",
                      json.dumps(session.summary()))
+
+    def _trim_later(self, delay_s: float = 1.0) -> None:
+        """``trim`` once more ``delay_s`` after the last connection closed: what the event loop frees after a session's
+        own trim (its socket, handshake and task objects) otherwise stays in the heap.  200 connect/abort cycles left
+        RSS ~80 MB (+9%) over idle without it, +0.5% with it."""
+        if self._trim_handle is not None:
+            self._trim_handle.cancel()
+        self._trim_handle = asyncio.get_running_loop().call_later(delay_s, trim)
 
     async def _idle_watch(self, ws: ServerConnection, session: RealtimeSession) -> None:
         limit = self.opts.limits.idle_timeout_s
@@ -264,7 +278,7 @@ class VoiceServer:
     async def say_goodbye(self, ws: ServerConnection, session: RealtimeSession, code: int, reason: str) -> None:
         """Close a session from our side: its ``session.latency`` summary first."""
         try:
-            if session.loop is not None:
+            if session.loop is not None and session.extensions:
                 await ws.send(session.proto.session_latency(session.summary()).to_json())
             await ws.close(code, reason)
         except ConnectionClosed:
@@ -286,6 +300,13 @@ class VoiceServer:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+
+def wants_extensions(query: dict) -> bool:
+    """Our extension events (``turn.latency``, ``session.latency``) go to a ``/v1/realtime`` client only when it asks
+    with ``?extensions=1`` (or ``true``/``yes``) in the URL: strict clients validate every event against the
+    Realtime schema, which does not have them.  ``/v1/stream`` always has them."""
+    return any(v.strip().lower() in ("1", "true", "yes", "on") for v in query.get("extensions", []))
 
 
 def _token(headers: Headers, query: dict) -> str | None:

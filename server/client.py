@@ -56,10 +56,15 @@ def voiced_ends(pcm: np.ndarray, rate: int, tail_s: float) -> list[int]:
 
 
 def _stream_url(url: str, native: bool) -> str:
-    if not native:
-        return url
+    """The URL to connect to: ``/v1/stream`` when ``native``, else ``url`` asking for our extension events
+    (``turn.latency``: this client reports every turn from them)."""
     u = urlsplit(url)
-    return urlunsplit((u.scheme, u.netloc, "/v1/stream", u.query, ""))
+    if native:
+        return urlunsplit((u.scheme, u.netloc, "/v1/stream", u.query, ""))
+    if "extensions=" in u.query:
+        return url
+    query = f"{u.query}&extensions=1" if u.query else "extensions=1"
+    return urlunsplit((u.scheme, u.netloc, u.path, query, u.fragment))
 
 
 async def run_client(wavs, opts: ClientOptions, on_turn=None, progress=None) -> dict:

@@ -46,6 +46,8 @@ AHEAD_GRACE_S = 1.0
 TRIM_INTERVAL_S = 5.0
 #: text items waiting for response.create, in characters (several times what the 2,048-token context holds)
 MAX_TYPED_CHARS = 32_000
+#: conversation items kept for conversation.item.retrieve / .delete / .truncate (the oldest are forgotten)
+MAX_ITEMS = 64
 #: tokens kept free for a user turn (its message, the facts and the chat markup) when instructions are checked
 TURN_RESERVE_TOKENS = 256
 IDLE_WAIT_S = 0.02  # the longest the session thread waits for a message before it looks at the loop again
@@ -89,10 +91,13 @@ class RealtimeSession:
 
     def __init__(self, shared, emit: Callable[[str | bytes, bool], None], *, native: bool = False, limits: Limits = Limits(),
                  ids: Callable[[str], str] | None = None, loop_config: LoopConfig | None = None, metrics=None,
-                 close: Callable[[int, str], None] | None = None, name: str = "session"):
+                 close: Callable[[int, str], None] | None = None, name: str = "session", extensions: bool = False):
         self.shared = shared
         self.emit = emit
         self.native = native
+        #: send our extension events (turn.latency; session.latency at close): the client asked for them
+        #: (``/v1/stream``, or ``/v1/realtime?extensions=1``). A ``session.latency`` request is answered either way.
+        self.extensions = extensions
         self.limits = limits
         self.metrics = metrics
         self.close_connection = close or (lambda code, reason: None)
@@ -113,6 +118,7 @@ class RealtimeSession:
         self._out_samples = 0
         self._answer: _Answer | None = None
         self._answers: dict[str, _Answer] = {}  # by assistant item id (the last few)
+        self._items: dict[str, tuple[str | None, dict]] = {}  # item id -> (previous item id, realtime.item), in order
         self._user_item: str | None = None  # the item the current speech becomes
         self._speech_start = 0  # input sample (ASR_RATE) where it started
         self._last_voiced: int | None = None
@@ -196,6 +202,7 @@ class RealtimeSession:
         self.close_connection = lambda code, reason: None
         self._answer = None
         self._answers.clear()
+        self._items.clear()
 
     def _drain(self, timeout_s: float) -> None:
         """Handle the messages that arrive within ``timeout_s`` (0: only those waiting); returns once some came."""
@@ -276,6 +283,10 @@ class RealtimeSession:
             self.loop.configure(lc)
         if "output_rate" in ev.changed:
             self._out_rs = Resampler(self.shared.sample_rate, cfg.output_rate)
+        if "tools" in ev.changed and cfg.tools:
+            self._send_error(P.ProtocolError(
+                "tools_not_supported", f"session.update: {len(cfg.tools)} tool(s) accepted but never called: the local "
+                "model cannot call tools; the rest of the update applies", ev.event_id, "session.tools"))
         self._config = cfg
         self._send(self.proto.session_updated())
 
@@ -323,6 +334,7 @@ class RealtimeSession:
                                              "was dropped", ev.event_id, "item.content"))
             return
         self._typed.append(ev.text)
+        self._add_item(self.proto.user_item(ev.item_id, text=ev.text), done=True)
 
     def _on_response_create(self, ev: P.ResponseCreate) -> None:
         if not self._typed:
@@ -366,7 +378,50 @@ class RealtimeSession:
         heard = a.playout.heard((a.first_sample or 0) + ev.audio_end_ms * rate // 1000)
         if a is self._last_answer():
             self.loop.amend_reply(heard)
+        kept = self._items.get(ev.item_id)
+        if kept is not None:
+            self._items[ev.item_id] = (kept[0], self.proto.assistant_item(ev.item_id, heard, "incomplete"))
         self._send(self.proto.truncated(ev.item_id, ev.audio_end_ms, ev.content_index))
+
+    def _on_retrieve(self, ev: P.ItemRetrieve) -> None:
+        kept = self._items.get(ev.item_id)
+        if kept is None:
+            self._send_error(P.ProtocolError("item_not_found", f"no item '{ev.item_id}' in the conversation (the last "
+                                             f"{MAX_ITEMS} are kept)", ev.event_id, "item_id"))
+            return
+        self._send(self.proto.item_retrieved(kept[1]))
+
+    def _on_delete(self, ev: P.ItemDelete) -> None:
+        if ev.item_id not in self._items:
+            self._send_error(P.ProtocolError("item_not_found", f"no item '{ev.item_id}' in the conversation", ev.event_id, "item_id"))
+            return
+        if self._answer is not None and ev.item_id == self._answer.item_id:
+            self._send_error(P.ProtocolError("conversation_already_has_active_response", f"item '{ev.item_id}' is the answer "
+                                             "in progress; cancel the response first", ev.event_id, "item_id"))
+            return
+        del self._items[ev.item_id]
+        self._answers.pop(ev.item_id, None)
+        self._send(self.proto.item_deleted(ev.item_id))
+
+    # -- the conversation's items --------------------------------------------------------------------
+
+    def _add_item(self, item: dict, done: bool = False) -> None:
+        """``conversation.item.added`` for a new item (after the newest kept), and ``.done`` at once when ``done``."""
+        previous = next(reversed(self._items), None)
+        self._items[item["id"]] = (previous, item)
+        while len(self._items) > MAX_ITEMS:
+            self._items.pop(next(iter(self._items)))
+        self._send(self.proto.item_added(item, previous))
+        if done:
+            self._send(self.proto.item_done(item, previous))
+
+    def _item_done(self, item: dict) -> None:
+        """``conversation.item.done`` for a kept item, now ``item``."""
+        kept = self._items.get(item["id"])
+        previous = kept[0] if kept is not None else next(reversed(self._items), None)
+        if kept is not None:
+            self._items[item["id"]] = (previous, item)
+        self._send(self.proto.item_done(item, previous))
 
     def _last_answer(self) -> _Answer | None:
         return next(reversed(self._answers.values()), None)
@@ -415,6 +470,8 @@ class RealtimeSession:
         P.ResponseCreate: _on_response_create,
         P.ResponseCancel: _on_cancel,
         P.ItemTruncate: _on_truncate,
+        P.ItemRetrieve: _on_retrieve,
+        P.ItemDelete: _on_delete,
         P.OutputAudioPlayed: _on_played,
         P.SessionLatencyRequest: _on_latency_request,
     }
@@ -434,6 +491,7 @@ class RealtimeSession:
         if self.loop.cfg.turn_detection:
             self._send(self.proto.speech_stopped(_ms(ev.last_voiced_sample), item))
         self._send(self.proto.committed(item))
+        self._add_item(self.proto.user_item(item, transcript=None))
         self._user_item = item
         self._last_voiced = ev.last_voiced_sample
         self._speech_start = ev.first_voiced_sample
@@ -442,6 +500,7 @@ class RealtimeSession:
         if self._user_item is not None:
             seconds = max(0, (self._last_voiced or 0) - self._speech_start) / ASR_RATE
             self._send(self.proto.transcription_completed(self._user_item, ev.text, seconds))
+            self._item_done(self.proto.user_item(self._user_item, transcript=ev.text))
 
     def _on_response_started(self, ev: ResponseStarted) -> None:
         created = self.proto.response_created()
@@ -453,6 +512,11 @@ class RealtimeSession:
         while len(self._answers) > 16:
             self._answers.pop(next(iter(self._answers)))
         self._send(created)
+        a = self._answer
+        item = self.proto.assistant_item(a.item_id, None, "in_progress")
+        self._send(self.proto.output_item_added(a.response_id, item))
+        self._add_item(item)
+        self._send(self.proto.content_part_added(a.response_id, a.item_id))
 
     def _on_phrase(self, ev: PhraseStarted) -> None:
         a = self._answer
@@ -471,6 +535,10 @@ class RealtimeSession:
                     self._audio(a, tail)
                 self._send(self.proto.audio_done(a.response_id, a.item_id))
             self._send(self.proto.transcript_done(a.response_id, a.item_id, ev.spoken))
+            self._send(self.proto.content_part_done(a.response_id, a.item_id, ev.spoken))
+            item = self.proto.assistant_item(a.item_id, ev.spoken, "incomplete" if ev.cancelled else "completed")
+            self._send(self.proto.output_item_done(a.response_id, item))
+            self._item_done(item)
             self._send(self.proto.response_done(a.response_id, a.item_id, ev.spoken, cancelled=ev.cancelled,
                                                  reason=ev.reason or "client_cancelled"))
         if report is not None:
@@ -502,7 +570,8 @@ class RealtimeSession:
                 d["client"] = dict(a.client, overhead_ms=None if v2v is None else round(a.client["voice_to_voice_ms"] - v2v, 1))
                 if self.metrics and a.reported is report:
                     self.metrics.client_turn(a.client["voice_to_voice_ms"])
-        self._send(self.proto.turn_latency(d))
+        if self.extensions:
+            self._send(self.proto.turn_latency(d))
 
     # -- the sink the loop plays into --------------------------------------------------------------
 

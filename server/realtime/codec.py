@@ -36,6 +36,8 @@ from .events import (
     InputAudioClear,
     InputAudioCommit,
     ItemCreate,
+    ItemDelete,
+    ItemRetrieve,
     ItemTruncate,
     OutputAudioPlayed,
     ProtocolError,
@@ -220,6 +222,9 @@ class ProtocolSession:
                             content_index=nonneg(read(msg, "content_index", int, "", required=True), "content_index"),
                             audio_end_ms=nonneg(read(msg, "audio_end_ms", int, "", required=True), "audio_end_ms"))
 
+    def _item_ref(self, msg: dict, event_id: str | None, cls):
+        return cls(event_id=event_id, item_id=read(msg, "item_id", str, "", required=True))
+
     def _played(self, msg: dict, event_id: str | None) -> OutputAudioPlayed:
         return OutputAudioPlayed(event_id=event_id, sample=nonneg(read(msg, "sample", int, "", required=True), "sample"),
                                  response_id=read(msg, "response_id", str, ""), item_id=read(msg, "item_id", str, ""),
@@ -234,6 +239,8 @@ class ProtocolSession:
         ResponseCreate.TYPE: _response_create,
         ResponseCancel.TYPE: lambda self, msg, eid: ResponseCancel(event_id=eid, response_id=read(msg, "response_id", str, "")),
         ItemTruncate.TYPE: _truncate,
+        ItemRetrieve.TYPE: lambda self, msg, eid: self._item_ref(msg, eid, ItemRetrieve),
+        ItemDelete.TYPE: lambda self, msg, eid: self._item_ref(msg, eid, ItemDelete),
         OutputAudioPlayed.TYPE: _played,
         SessionLatencyRequest.TYPE: lambda self, msg, eid: SessionLatencyRequest(event_id=eid),
     }
@@ -319,6 +326,51 @@ class ProtocolSession:
         details = {"type": "cancelled", "reason": reason} if cancelled else None
         return self.build("response.done", response=self._response(response_id, "cancelled" if cancelled else "completed", output,
                                                                    details))
+
+    # ---- the item lifecycle
+
+    @staticmethod
+    def user_item(item_id: str, *, text: str | None = None, transcript: str | None = None,
+                  status: str = "completed") -> dict:
+        """A user ``realtime.item``: typed ``text`` (``input_text``), else audio with its ``transcript`` (None while
+        it is not known)."""
+        part = {"type": "input_text", "text": text} if text is not None else {"type": "input_audio", "transcript": transcript}
+        return {"id": item_id, "object": "realtime.item", "type": "message", "role": "user", "status": status,
+                "content": [part]}
+
+    @staticmethod
+    def assistant_item(item_id: str, transcript: str | None, status: str) -> dict:
+        """An assistant ``realtime.item``: spoken audio with its ``transcript``; no content while it is None."""
+        content = [] if transcript is None else [{"type": "output_audio", "transcript": transcript}]
+        return {"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant", "status": status,
+                "content": content}
+
+    def item_added(self, item: dict, previous_item_id: str | None) -> ServerEvent:
+        return self.build("conversation.item.added", previous_item_id=previous_item_id, item=item)
+
+    def item_done(self, item: dict, previous_item_id: str | None) -> ServerEvent:
+        return self.build("conversation.item.done", previous_item_id=previous_item_id, item=item)
+
+    def item_retrieved(self, item: dict) -> ServerEvent:
+        return self.build("conversation.item.retrieved", item=item)
+
+    def item_deleted(self, item_id: str) -> ServerEvent:
+        return self.build("conversation.item.deleted", item_id=item_id)
+
+    def output_item_added(self, response_id: str, item: dict, output_index: int = 0) -> ServerEvent:
+        return self.build("response.output_item.added", response_id=response_id, output_index=output_index, item=item)
+
+    def output_item_done(self, response_id: str, item: dict, output_index: int = 0) -> ServerEvent:
+        return self.build("response.output_item.done", response_id=response_id, output_index=output_index, item=item)
+
+    def content_part_added(self, response_id: str, item_id: str, output_index: int = 0, content_index: int = 0) -> ServerEvent:
+        return self.build("response.content_part.added", response_id=response_id, item_id=item_id, output_index=output_index,
+                          content_index=content_index, part={"type": "audio", "transcript": ""})
+
+    def content_part_done(self, response_id: str, item_id: str, transcript: str, output_index: int = 0,
+                          content_index: int = 0) -> ServerEvent:
+        return self.build("response.content_part.done", response_id=response_id, item_id=item_id, output_index=output_index,
+                          content_index=content_index, part={"type": "audio", "transcript": transcript})
 
     def truncated(self, item_id: str, audio_end_ms: int, content_index: int = 0) -> ServerEvent:
         return self.build("conversation.item.truncated", item_id=item_id, content_index=content_index, audio_end_ms=int(audio_end_ms))

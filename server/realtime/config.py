@@ -60,6 +60,9 @@ class SessionConfig:
     output_rate: int = DEFAULT_RATE
     turn_detection: TurnDetection | None = field(default_factory=lambda: TurnDetection(type="semantic_vad"))
     output_modalities: tuple[str, ...] = ("audio",)
+    #: function tools as the client declared them (``{"type": "function", "name", "description", "parameters"}``);
+    #: echoed back; the local model cannot call them (the session says so with an error event)
+    tools: tuple[dict, ...] = ()
 
     def to_dict(self) -> dict:
         """The ``session`` object of ``session.created`` / ``session.updated`` (RealtimeSessionCreateRequest)."""
@@ -73,6 +76,7 @@ class SessionConfig:
                 "input": {"format": {"type": "audio/pcm", "rate": self.input_rate}, "turn_detection": td},
                 "output": self.output_format(),
             },
+            **({"tools": [dict(t) for t in self.tools]} if self.tools else {}),
         }
 
     def output_format(self) -> dict:
@@ -205,4 +209,22 @@ def apply_session_update(msg: dict, cfg: SessionConfig) -> tuple[SessionConfig, 
         ch["output_rate"] = _format_rate(out["format"], "session.audio.output.format", cfg.output_rate)
     if out.get("voice") is not None:
         ch["voice"] = _voice(out["voice"], "session.audio.output.voice")
+    if (tools := read(s, "tools", list, "session")) is not None:
+        ch["tools"] = tuple(_tool(t, f"session.tools[{i}]") for i, t in enumerate(tools))
     return replace(cfg, **ch), frozenset(ch)
+
+
+def _tool(t: Any, path: str) -> dict:
+    """A function tool, with the fields the Realtime schema has for one (others dropped)."""
+    if not isinstance(t, dict):
+        raise FieldError("invalid_type", f"field '{path}' must be an object", path)
+    kind = read(t, "type", str, path)
+    if kind not in (None, "function"):
+        raise FieldError("unsupported_value", f"tool type '{kind}' at '{path}' is not supported (only 'function')", path + ".type")
+    name = read(t, "name", str, path, required=True)
+    out: dict[str, Any] = {"type": "function", "name": name}
+    if (desc := read(t, "description", str, path)) is not None:
+        out["description"] = desc
+    if (params := read(t, "parameters", dict, path)) is not None:
+        out["parameters"] = params
+    return out

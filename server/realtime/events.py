@@ -90,6 +90,20 @@ class ItemTruncate:
 
 
 @dataclass(frozen=True, slots=True)
+class ItemRetrieve:
+    TYPE: ClassVar[str] = "conversation.item.retrieve"
+    event_id: str | None
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ItemDelete:
+    TYPE: ClassVar[str] = "conversation.item.delete"
+    event_id: str | None
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class OutputAudioPlayed:
     """Our extension: the client has started playing output sample ``sample`` (counted since session start)."""
 
@@ -121,7 +135,7 @@ class ProtocolError:
 
 
 ClientEvent: TypeAlias = (SessionUpdate | InputAudioAppend | InputAudioCommit | InputAudioClear | ItemCreate | ResponseCreate
-                          | ResponseCancel | ItemTruncate | OutputAudioPlayed | SessionLatencyRequest)
+                          | ResponseCancel | ItemTruncate | ItemRetrieve | ItemDelete | OutputAudioPlayed | SessionLatencyRequest)
 
 
 # --------------------------------------------------------------------------- server events
@@ -138,7 +152,16 @@ SERVER_EVENTS: dict[str, tuple[str, ...]] = {
     "input_audio_buffer.cleared": (),
     # usage, required by openai: {"type": "duration", "seconds": ...}
     "conversation.item.input_audio_transcription.completed": ("item_id", "content_index", "transcript", "usage"),
+    # the item lifecycle: a realtime.item object (``item``) as it is added, and again when it is done
+    "conversation.item.added": ("previous_item_id", "item"),
+    "conversation.item.done": ("previous_item_id", "item"),
+    "conversation.item.retrieved": ("item",),
+    "conversation.item.deleted": ("item_id",),
     "response.created": ("response",),  # a realtime.response object
+    "response.output_item.added": ("response_id", "output_index", "item"),
+    "response.output_item.done": ("response_id", "output_index", "item"),
+    "response.content_part.added": (*_PART, "part"),  # part: {"type": "audio", "transcript": ...}
+    "response.content_part.done": (*_PART, "part"),
     "response.output_audio.delta": (*_PART, "delta"),  # delta: base64 PCM16
     "response.output_audio.done": _PART,
     "response.output_audio_transcript.delta": (*_PART, "delta"),

@@ -475,8 +475,9 @@
       S.inputEnd = end;
     };
 
-    // The socket. A token (?token=) travels as a subprotocol, as OpenAI's browser clients do.
-    const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/realtime`;
+    // The socket. A token (?token=) travels as a subprotocol, as OpenAI's browser clients do; ?extensions=1 asks
+    // for our turn.latency events (strict Realtime clients get only the schema's events).
+    const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/realtime?extensions=1`;
     const token = params.get("token");
     const protocols = token ? ["realtime", `openai-insecure-api-key.${token}`] : ["realtime"];
     let ws;

@@ -15,7 +15,7 @@ from server.realtime.codec import invalid_unicode
 
 EVENT_TYPES = ["session.update", "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear",
                "conversation.item.create", "response.create", "response.cancel", "conversation.item.truncate",
-               "output_audio.played", "session.latency.request"]
+               "conversation.item.retrieve", "conversation.item.delete", "output_audio.played", "session.latency"]
 
 #: text that includes lone surrogates (which JSON can escape) and everything else Unicode has
 any_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=12)

@@ -11,6 +11,7 @@ import numpy as np
 import pydantic
 import pytest
 from openai.types import realtime as rt
+from openai.types.realtime.realtime_server_event import ConversationItemRetrieved
 from openai.types.realtime.conversation_item_create_event_param import ConversationItemCreateEventParam
 from openai.types.realtime.conversation_item_truncate_event_param import ConversationItemTruncateEventParam
 from openai.types.realtime.input_audio_buffer_append_event_param import InputAudioBufferAppendEventParam
@@ -37,6 +38,14 @@ OPENAI_MODELS = {
     "response.done": rt.ResponseDoneEvent,
     "conversation.item.truncated": rt.ConversationItemTruncatedEvent,
     "error": rt.RealtimeErrorEvent,
+    "conversation.item.added": rt.ConversationItemAdded,
+    "conversation.item.done": rt.ConversationItemDone,
+    "conversation.item.retrieved": ConversationItemRetrieved,
+    "conversation.item.deleted": rt.ConversationItemDeletedEvent,
+    "response.output_item.added": rt.ResponseOutputItemAddedEvent,
+    "response.output_item.done": rt.ResponseOutputItemDoneEvent,
+    "response.content_part.added": rt.ResponseContentPartAddedEvent,
+    "response.content_part.done": rt.ResponseContentPartDoneEvent,
 }
 
 
@@ -85,7 +94,15 @@ def test_every_server_event_validates_with_openai_models():
     evs += [resp2, proto.response_done(resp2.response_id, proto.new_item_id(), "It is", cancelled=True, reason="turn_detected"),
             proto.response_done(proto.response_created().response_id, None, cancelled=True), proto.truncated("item_9", 640),
             proto.session_updated(), proto.error(P.ProtocolError("invalid_audio", "bad", "evt_client", "audio"))]
-    covered = {validate(ev).type for ev in evs}
+    user, said = proto.user_item("item_u", transcript=None), proto.user_item("item_u", transcript="what time is it")
+    typed, bot = proto.user_item("item_t", text="Hello"), proto.assistant_item("item_a", None, "in_progress")
+    spoken = proto.assistant_item("item_a", "It is noon.", "completed")
+    items = [proto.item_added(user, None), proto.item_done(said, None), proto.item_added(typed, "item_u"),
+             proto.item_done(typed, "item_u"), proto.output_item_added("resp_1", bot), proto.item_added(bot, "item_t"),
+             proto.content_part_added("resp_1", "item_a"), proto.content_part_done("resp_1", "item_a", "It is noon."),
+             proto.output_item_done("resp_1", spoken), proto.item_done(spoken, "item_t"), proto.item_retrieved(spoken),
+             proto.item_deleted("item_a")]
+    covered = {validate(ev).type for ev in evs + items}
     assert covered == set(OPENAI_MODELS) == set(P.SERVER_EVENTS) - {"turn.latency", "session.latency"}  # less our extensions
     done = validate(evs[-5])
     assert done.response.status == "cancelled" and done.response.status_details.reason == "turn_detected"
@@ -201,6 +218,21 @@ def test_semantic_vad_is_the_default_and_round_trips():
     assert ev.config.turn_detection == P.TurnDetection(silence_duration_ms=600)  # server_vad's own defaults
 
 
+def test_function_tools_are_kept_and_echoed_in_the_session():
+    proto = P.ProtocolSession(ids=P.IdSource())
+    tool = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    [ev] = proto.receive(json.dumps({"type": "session.update", "session": {"type": "realtime", "tools": [tool]}}))
+    assert ev.changed == {"tools"} and ev.config.tools == (tool,)
+    session = validate(proto.session_updated()).session
+    assert session.tools[0].name == "get_weather" and session.tools[0].parameters["required"] == ["city"]
+    [ev] = proto.receive(json.dumps({"type": "session.update", "session": {"tools": []}}))
+    assert ev.config.tools == () and "tools" not in json.loads(proto.session_updated().to_json())["session"]
+    [r] = proto.receive(json.dumps({"type": "conversation.item.retrieve", "item_id": "item_7", "event_id": "e"}))
+    [d] = proto.receive(json.dumps({"type": "conversation.item.delete", "item_id": "item_8"}))
+    assert (r, d) == (P.ItemRetrieve(event_id="e", item_id="item_7"), P.ItemDelete(event_id=None, item_id="item_8"))
+
+
 BAD = [
     ("not json", "{nope", "invalid_json", None, "not valid JSON"),
     ("json array", "[1, 2]", "invalid_event", None, "JSON object"),
@@ -229,6 +261,14 @@ BAD = [
     ("assistant item", '{"type": "conversation.item.create", "event_id": "e15", "item": {"type": "message", "role": "assistant", '
                        '"content": [{"type": "output_text", "text": "hi"}]}}', "unsupported_item", "e15", "assistant"),
     ("event_id not str", '{"type": "input_audio_buffer.commit", "event_id": 5}', "invalid_type", None, "'event_id'"),
+    ("tool without name", '{"type": "session.update", "event_id": "e17", "session": {"tools": [{"type": "function"}]}}',
+     "missing_required_parameter", "e17", "session.tools[0].name"),
+    ("mcp tool", '{"type": "session.update", "event_id": "e18", "session": {"tools": [{"type": "mcp", "name": "x"}]}}',
+     "unsupported_value", "e18", "mcp"),
+    ("retrieve without id", '{"type": "conversation.item.retrieve", "event_id": "e19"}', "missing_required_parameter", "e19",
+     "'item_id'"),
+    ("delete id not str", '{"type": "conversation.item.delete", "event_id": "e20", "item_id": 3}', "invalid_type", "e20",
+     "'item_id'"),
     ("oversize", json.dumps({"type": "input_audio_buffer.append", "event_id": "e16", "audio": "A" * 2000}), "message_too_large", None,
      "exceeds the limit of 1000 bytes"),
 ]
