@@ -84,6 +84,7 @@ class _Answer:
     playout: Playout = field(default_factory=Playout)  # its phrases' audio, in output samples
     client: dict | None = None  # voice-to-voice on the client's clock, once it told us
     reported: dict | None = None  # the turn.latency report sent
+    metadata: dict | None = None  # response.create's, echoed in the response object
 
 
 class RealtimeSession:
@@ -123,6 +124,7 @@ class RealtimeSession:
         self._speech_start = 0  # input sample (ASR_RATE) where it started
         self._last_voiced: int | None = None
         self._typed: list[str] = []  # text items waiting for response.create
+        self._metadata: dict | None = None  # response.create's metadata, for the response it starts
         self._deferred_engines = None
         self._summary: dict | None = None  # kept when the session closes
         self._audio_origin: float | None = None  # monotonic time the input audio taken would have started at, in real time
@@ -350,7 +352,13 @@ class RealtimeSession:
                                              f"instructions and room for the answer takes {need} tokens, over the {n_ctx}-token "
                                              "context; the text items were dropped", ev.event_id, "item.content"))
             return
+        if ev.instructions is not None:
+            self._send_error(P.ProtocolError("unsupported_value", "per-response instructions are not supported: this "
+                                             "response follows the session's; set them with session.update", ev.event_id,
+                                             "response.instructions"))
+        self._metadata = None if ev.metadata is None else dict(ev.metadata)
         if not self.loop.respond_text(text):
+            self._metadata = None
             self._send_error(P.ProtocolError("conversation_already_has_active_response",
                                              "a response is in progress; cancel it or wait for response.done", ev.event_id))
             return
@@ -503,10 +511,11 @@ class RealtimeSession:
             self._item_done(self.proto.user_item(self._user_item, transcript=ev.text))
 
     def _on_response_started(self, ev: ResponseStarted) -> None:
-        created = self.proto.response_created()
+        metadata, self._metadata = self._metadata, None
+        created = self.proto.response_created(metadata)
         spoken = self._user_item is not None
         self._answer = _Answer(created.response_id, self.proto.new_item_id(), self._user_item,
-                               self._last_voiced if spoken else None)
+                               self._last_voiced if spoken else None, metadata=metadata)
         self._user_item = None
         self._answers[self._answer.item_id] = self._answer
         while len(self._answers) > 16:
@@ -540,7 +549,7 @@ class RealtimeSession:
             self._send(self.proto.output_item_done(a.response_id, item))
             self._item_done(item)
             self._send(self.proto.response_done(a.response_id, a.item_id, ev.spoken, cancelled=ev.cancelled,
-                                                 reason=ev.reason or "client_cancelled"))
+                                                 reason=ev.reason or "client_cancelled", metadata=a.metadata))
         if report is not None:
             d = report.to_dict()
             if self.metrics:

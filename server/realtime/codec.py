@@ -215,7 +215,16 @@ class ProtocolSession:
 
     def _response_create(self, msg: dict, event_id: str | None) -> ResponseCreate:
         params = read(msg, "response", dict, "") or {}
-        return ResponseCreate(event_id=event_id, instructions=read(params, "instructions", str, "response"))
+        meta = read(params, "metadata", dict, "response")
+        if meta is not None:
+            if len(meta) > 16:
+                raise FieldError("invalid_value", f"field 'response.metadata' holds {len(meta)} keys, at most 16", "response.metadata")
+            for k, v in meta.items():
+                if not isinstance(v, str) or len(k) > 64 or len(v) > 512:
+                    raise FieldError("invalid_value", "field 'response.metadata' maps keys of up to 64 characters to strings "
+                                     f"of up to 512 (key {k[:64]!r})", "response.metadata")
+            meta = tuple(meta.items())
+        return ResponseCreate(event_id=event_id, instructions=read(params, "instructions", str, "response"), metadata=meta)
 
     def _truncate(self, msg: dict, event_id: str | None) -> ItemTruncate:
         return ItemTruncate(event_id=event_id, item_id=read(msg, "item_id", str, "", required=True),
@@ -284,15 +293,19 @@ class ProtocolSession:
         return self.build("conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=content_index,
                           transcript=transcript, usage={"type": "duration", "seconds": float(audio_seconds)})
 
-    def _response(self, response_id: str, status: str, output: list, status_details: dict | None = None) -> dict:
-        """A ``realtime.response`` object."""
-        return {"id": response_id, "object": "realtime.response", "status": status, "status_details": status_details,
-                "output": output, "output_modalities": list(self.config.output_modalities),
-                "audio": {"output": self.config.output_format()}}
+    def _response(self, response_id: str, status: str, output: list, status_details: dict | None = None,
+                  metadata: dict | None = None) -> dict:
+        """A ``realtime.response`` object (with the client's ``metadata`` when it gave some)."""
+        out = {"id": response_id, "object": "realtime.response", "status": status, "status_details": status_details,
+               "output": output, "output_modalities": list(self.config.output_modalities),
+               "audio": {"output": self.config.output_format()}}
+        if metadata is not None:
+            out["metadata"] = dict(metadata)
+        return out
 
-    def response_created(self) -> ServerEvent:
+    def response_created(self, metadata: dict | None = None) -> ServerEvent:
         """A fresh response (``.response_id``), in progress, with no output yet; use ``new_item_id()`` for its item."""
-        return self.build("response.created", response=self._response(self.ids("resp"), "in_progress", []))
+        return self.build("response.created", response=self._response(self.ids("resp"), "in_progress", [], metadata=metadata))
 
     def audio_delta(self, response_id: str, item_id: str, pcm: np.ndarray | bytes, output_index: int = 0,
                     content_index: int = 0) -> ServerEvent:
@@ -314,7 +327,7 @@ class ProtocolSession:
                           output_index=output_index, content_index=content_index, transcript=transcript)
 
     def response_done(self, response_id: str, item_id: str | None, transcript: str = "", *, cancelled: bool = False,
-                      reason: str = "client_cancelled") -> ServerEvent:
+                      reason: str = "client_cancelled", metadata: dict | None = None) -> ServerEvent:
         """``status`` completed, or cancelled with ``reason`` ('client_cancelled' or 'turn_detected' for barge-in).
         ``item_id`` None: the response produced no item."""
         output = []
@@ -325,7 +338,7 @@ class ProtocolSession:
             self.last_item_id = item_id
         details = {"type": "cancelled", "reason": reason} if cancelled else None
         return self.build("response.done", response=self._response(response_id, "cancelled" if cancelled else "completed", output,
-                                                                   details))
+                                                                   details, metadata))
 
     # ---- the item lifecycle
 

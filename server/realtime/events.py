@@ -70,7 +70,8 @@ class ItemCreate:
 class ResponseCreate:
     TYPE: ClassVar[str] = "response.create"
     event_id: str | None
-    instructions: str | None  # per-response override; other response params are ignored
+    instructions: str | None  # per-response override (not supported: the session says so); other params are ignored
+    metadata: tuple[tuple[str, str], ...] | None = None  # echoed in the response object (pairs: the event is frozen)
 
 
 @dataclass(frozen=True, slots=True)

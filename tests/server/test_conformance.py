@@ -98,7 +98,8 @@ def test_a_whole_session_validates_and_keeps_the_conversation(server):
             # 3. a typed turn
             await c.send(type="conversation.item.create", item={"type": "message", "role": "user",
                                                                 "content": [{"type": "input_text", "text": "Who is the owner?"}]})
-            await c.send(type="response.create")
+            await c.send(type="response.create", event_id="evt_c2",
+                         response={"metadata": {"turn": "2"}, "instructions": "Answer in French."})
             turn2 = await c.until(lambda e: e["type"] == "response.done")
             # 4. a response cancelled at once
             await c.send(type="conversation.item.create", item={"type": "message", "role": "user",
@@ -149,6 +150,14 @@ def test_a_whole_session_validates_and_keeps_the_conversation(server):
         assert done["output"][0]["id"] == item["id"] and done["output"][0]["content"][0]["transcript"] == item["content"][0]["transcript"]
         part = turn[kinds.index("response.content_part.done")]["part"]
         assert part == {"type": "audio", "transcript": item["content"][0]["transcript"]}
+
+    # response.create's metadata echoed; its per-response instructions refused with one error, the answer given anyway
+    kinds2 = _types(turn2)
+    assert turn2[kinds2.index("response.created")]["response"]["metadata"] == {"turn": "2"}
+    assert turn2[kinds2.index("response.done")]["response"]["metadata"] == {"turn": "2"}
+    [err] = [e for e in turn2 if e["type"] == "error"]
+    assert (err["error"]["code"], err["error"]["event_id"], err["error"]["param"]) == ("unsupported_value", "evt_c2",
+                                                                                      "response.instructions")
 
     # the typed item: added and done at once, with its text; the cancelled answer is incomplete
     typed = [e for e in turn2 if e["type"] == "conversation.item.done" and e["item"]["role"] == "user"]

@@ -218,6 +218,16 @@ def test_semantic_vad_is_the_default_and_round_trips():
     assert ev.config.turn_detection == P.TurnDetection(silence_duration_ms=600)  # server_vad's own defaults
 
 
+def test_response_metadata_is_read_and_echoed():
+    proto = P.ProtocolSession(ids=P.IdSource())
+    [ev] = proto.receive(json.dumps({"type": "response.create", "response": {"metadata": {"topic": "hours"}}}))
+    assert ev.metadata == (("topic", "hours"),) and ev.instructions is None
+    created = validate(proto.response_created(dict(ev.metadata)))
+    done = validate(proto.response_done(created.response.id, "item_1", "Hi.", metadata=dict(ev.metadata)))
+    assert created.response.metadata == done.response.metadata == {"topic": "hours"}
+    assert "metadata" not in json.loads(proto.response_created().to_json())["response"]
+
+
 def test_function_tools_are_kept_and_echoed_in_the_session():
     proto = P.ProtocolSession(ids=P.IdSource())
     tool = {"type": "function", "name": "get_weather", "description": "The weather in a city",
@@ -265,6 +275,8 @@ BAD = [
      "missing_required_parameter", "e17", "session.tools[0].name"),
     ("mcp tool", '{"type": "session.update", "event_id": "e18", "session": {"tools": [{"type": "mcp", "name": "x"}]}}',
      "unsupported_value", "e18", "mcp"),
+    ("metadata not strings", '{"type": "response.create", "event_id": "e21", "response": {"metadata": {"n": 3}}}',
+     "invalid_value", "e21", "response.metadata"),
     ("retrieve without id", '{"type": "conversation.item.retrieve", "event_id": "e19"}', "missing_required_parameter", "e19",
      "'item_id'"),
     ("delete id not str", '{"type": "conversation.item.delete", "event_id": "e20", "item_id": 3}', "invalid_type", "e20",
