@@ -431,6 +431,11 @@ class RealtimeSession:
             self._items[item["id"]] = (previous, item)
         self._send(self.proto.item_done(item, previous))
 
+    def _usage(self) -> dict | None:
+        """The token counts of the reply just ended (``response.done``'s ``usage``), when the LLM has them."""
+        usage = getattr(self.loop.e.llm, "last_usage", None)
+        return None if usage is None else usage.to_realtime()
+
     def _last_answer(self) -> _Answer | None:
         return next(reversed(self._answers.values()), None)
 
@@ -549,7 +554,8 @@ class RealtimeSession:
             self._send(self.proto.output_item_done(a.response_id, item))
             self._item_done(item)
             self._send(self.proto.response_done(a.response_id, a.item_id, ev.spoken, cancelled=ev.cancelled,
-                                                 reason=ev.reason or "client_cancelled", metadata=a.metadata))
+                                                 reason=ev.reason or "client_cancelled", metadata=a.metadata,
+                                                 usage=self._usage()))
         if report is not None:
             d = report.to_dict()
             if self.metrics:

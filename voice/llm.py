@@ -314,6 +314,22 @@ class Persona:
         return msgs
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """One reply's tokens: its whole prompt (``cached_tokens`` of them from the prefix cache) and what it generated."""
+
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+    def to_realtime(self) -> dict:
+        """The ``usage`` object of a Realtime ``response.done`` (text tokens only: the audio is ours)."""
+        return {"total_tokens": self.input_tokens + self.output_tokens, "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens,
+                "input_token_details": {"cached_tokens": self.cached_tokens, "text_tokens": self.input_tokens, "audio_tokens": 0},
+                "output_token_details": {"text_tokens": self.output_tokens, "audio_tokens": 0}}
+
+
 @dataclass
 class LLMConversation:
     """A ``TokenStream`` over our numba decode core."""
@@ -329,6 +345,7 @@ class LLMConversation:
     #: none; with one, 0.92 and 9 replies repeating the previous answer, and 58 prompt tokens a turn, not 33).
     history_turns: int | None = 0
     history: list[dict] = field(default_factory=list)  # every turn, as heard
+    last_usage: Usage | None = None  # the last reply's token counts
 
     def __post_init__(self):
         self._opening = self.persona.opening()
@@ -402,14 +419,21 @@ class LLMConversation:
         return self._turn(user_text)[0]
 
     def reply(self, user_text: str) -> Iterator[str]:
-        """Text pieces of the answer; the first ``next()`` pays the prefill of the new tokens."""
+        """Text pieces of the answer; the first ``next()`` pays the prefill of the new tokens.  When it ends (or is
+        closed), ``last_usage`` holds its token counts."""
         self._sim0 = self._sim_now()
         ids, start = self._turn(user_text)
-        if start:
-            yield start
-        for piece in self.generator.stream(ids, max_tokens=self.max_tokens, sampling=self.sampling):
-            if piece.text:
-                yield piece.text
+        cached = min(common_prefix(self.generator.cached, ids), len(ids) - 1)
+        out = 0
+        try:
+            if start:
+                yield start
+            for piece in self.generator.stream(ids, max_tokens=self.max_tokens, sampling=self.sampling):
+                out += piece.token_id >= 0
+                if piece.text:
+                    yield piece.text
+        finally:
+            self.last_usage = Usage(input_tokens=len(ids), cached_tokens=max(0, cached), output_tokens=out)
 
     def commit(self, user_text: str, spoken: str) -> None:
         """Record the turn as it was heard."""

@@ -294,13 +294,15 @@ class ProtocolSession:
                           transcript=transcript, usage={"type": "duration", "seconds": float(audio_seconds)})
 
     def _response(self, response_id: str, status: str, output: list, status_details: dict | None = None,
-                  metadata: dict | None = None) -> dict:
-        """A ``realtime.response`` object (with the client's ``metadata`` when it gave some)."""
+                  metadata: dict | None = None, usage: dict | None = None) -> dict:
+        """A ``realtime.response`` object (with the client's ``metadata`` when it gave some, and ``usage`` when known)."""
         out = {"id": response_id, "object": "realtime.response", "status": status, "status_details": status_details,
                "output": output, "output_modalities": list(self.config.output_modalities),
                "audio": {"output": self.config.output_format()}}
         if metadata is not None:
             out["metadata"] = dict(metadata)
+        if usage is not None:
+            out["usage"] = usage
         return out
 
     def response_created(self, metadata: dict | None = None) -> ServerEvent:
@@ -327,7 +329,7 @@ class ProtocolSession:
                           output_index=output_index, content_index=content_index, transcript=transcript)
 
     def response_done(self, response_id: str, item_id: str | None, transcript: str = "", *, cancelled: bool = False,
-                      reason: str = "client_cancelled", metadata: dict | None = None) -> ServerEvent:
+                      reason: str = "client_cancelled", metadata: dict | None = None, usage: dict | None = None) -> ServerEvent:
         """``status`` completed, or cancelled with ``reason`` ('client_cancelled' or 'turn_detected' for barge-in).
         ``item_id`` None: the response produced no item."""
         output = []
@@ -338,7 +340,7 @@ class ProtocolSession:
             self.last_item_id = item_id
         details = {"type": "cancelled", "reason": reason} if cancelled else None
         return self.build("response.done", response=self._response(response_id, "cancelled" if cancelled else "completed", output,
-                                                                   details, metadata))
+                                                                   details, metadata, usage))
 
     # ---- the item lifecycle
 

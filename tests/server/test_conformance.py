@@ -148,6 +148,9 @@ def test_a_whole_session_validates_and_keeps_the_conversation(server):
         item = turn[kinds.index("response.output_item.done")]["item"]
         assert done["status"] == "completed" and item["status"] == "completed"
         assert done["output"][0]["id"] == item["id"] and done["output"][0]["content"][0]["transcript"] == item["content"][0]["transcript"]
+        usage = done["usage"]  # the reply's tokens: its whole prompt (most of it cached) and what it generated
+        assert usage["output_tokens"] > 0 and usage["input_tokens"] > usage["input_token_details"]["cached_tokens"] > 0
+        assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
         part = turn[kinds.index("response.content_part.done")]["part"]
         assert part == {"type": "audio", "transcript": item["content"][0]["transcript"]}
 

@@ -225,6 +225,10 @@ def test_response_metadata_is_read_and_echoed():
     created = validate(proto.response_created(dict(ev.metadata)))
     done = validate(proto.response_done(created.response.id, "item_1", "Hi.", metadata=dict(ev.metadata)))
     assert created.response.metadata == done.response.metadata == {"topic": "hours"}
+    from voice.llm import Usage
+
+    used = validate(proto.response_done(created.response.id, "item_1", "Hi.", usage=Usage(480, 470, 9).to_realtime()))
+    assert (used.response.usage.total_tokens, used.response.usage.input_token_details.cached_tokens) == (489, 470)
     assert "metadata" not in json.loads(proto.response_created().to_json())["response"]
 
 
