@@ -274,14 +274,13 @@ class RealtimeSession:
             if td is None:
                 lc = self.loop.cfg.manual()
             elif td.type == "semantic_vad":
-                lc = self.loop.cfg.with_semantic_turn_detection(eagerness=td.eagerness, interrupt_response=td.interrupt_response)
+                lc = self.loop.cfg.with_semantic_turn_detection(eagerness=td.eagerness, interrupt_response=td.interrupt_response,
+                                                                create_response=td.create_response)
             else:
                 lc = self.loop.cfg.with_turn_detection(threshold=td.threshold, silence_duration_ms=td.silence_duration_ms,
                                                        prefix_padding_ms=td.prefix_padding_ms,
-                                                       interrupt_response=td.interrupt_response)
-                if not td.create_response:
-                    self._send_error(P.ProtocolError("unsupported_value", "turn_detection.create_response=false is not supported: "
-                                                     "every detected turn is answered", ev.event_id, "session.audio.input.turn_detection"))
+                                                       interrupt_response=td.interrupt_response,
+                                                       create_response=td.create_response)
             self.loop.configure(lc)
         if "output_rate" in ev.changed:
             self._out_rs = Resampler(self.shared.sample_rate, cfg.output_rate)
@@ -514,6 +513,8 @@ class RealtimeSession:
             seconds = max(0, (self._last_voiced or 0) - self._speech_start) / ASR_RATE
             self._send(self.proto.transcription_completed(self._user_item, ev.text, seconds))
             self._item_done(self.proto.user_item(self._user_item, transcript=ev.text))
+            if not self.loop.cfg.create_response and ev.text.strip():  # answered when the client sends response.create
+                self._typed.append(ev.text.strip())
 
     def _on_response_started(self, ev: ResponseStarted) -> None:
         metadata, self._metadata = self._metadata, None

@@ -92,6 +92,7 @@ class _Response:
     parked: bool = False  # started at an early pause that was withdrawn: waits for the endpointer's pause
     failed: bool = False  # its speculative transcript is not to be used (``Transcript.retry``)
     end_of_turn: dict | None = None  # the end-of-turn score and decision made at its pause (for the report)
+    transcribe_only: bool = False  # the turn is transcribed, not answered (``LoopConfig.create_response`` False)
 
     def stamp(self, name: str, t: float) -> None:
         self.stamps.setdefault(name, t)
@@ -258,7 +259,12 @@ class VoiceLoop:
                                      endpoint_sample=ev.sample))
         self.input.mark_committed()
         spec, self._spec = self._spec, None
-        if spec is not None and spec.last_voiced == ev.last_voiced_sample and not spec.failed:  # the speculation was right
+        if not self.cfg.create_response:  # transcribed only: the adapter asks for the answer
+            if spec is not None:
+                self._close(spec)
+            self._task = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=False)
+            self._task.transcribe_only = True
+        elif spec is not None and spec.last_voiced == ev.last_voiced_sample and not spec.failed:  # the speculation was right
             self._trace.mitigate("speculative")
             self._task = spec
             spec.speculative = False
@@ -429,7 +435,7 @@ class VoiceLoop:
         if r.released:
             self._confirmed(r)
         yield
-        if not _has_words(r.transcript):
+        if not _has_words(r.transcript) or r.transcribe_only:
             return
         if r.speculative and self._semantic():
             self._judge_turn_end(r)
@@ -524,7 +530,7 @@ class VoiceLoop:
     def _confirmed(self, r: _Response) -> None:
         """``r`` is the answer and its transcript is known: tell the adapter."""
         self._emit(TranscriptFinal(text=r.transcript))
-        if _has_words(r.transcript):
+        if _has_words(r.transcript) and not r.transcribe_only:
             self._emit(ResponseStarted())
 
     def _release(self, r: _Response) -> None:
@@ -584,6 +590,9 @@ class VoiceLoop:
         self.playout.next_answer()
         self._task = None
         self._trace = None
+        if r.transcribe_only and _has_words(r.transcript):  # the answer comes when asked for (``respond_text``)
+            self._emit(TurnEnded(transcript=r.transcript, spoken="", reason="transcribed", report=None))
+            return
         if not _has_words(r.transcript):  # a noise, a breath, a click: not a user turn
             self.non_speech += 1
             self._emit(TurnEnded(transcript=r.transcript, spoken="", reason=reason, report=None))

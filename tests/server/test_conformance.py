@@ -14,7 +14,7 @@ import pytest
 import websockets
 from openai.types import realtime as rt
 from test_protocol import _extras
-from test_server import TOKEN, _Running, b64, pcm_at, run, turn_file
+from test_server import TOKEN, _Running, b64, pcm_at, run, turn_file, turn_info
 
 from server.app import ServerOptions
 
@@ -179,3 +179,36 @@ def test_a_whole_session_validates_and_keeps_the_conversation(server):
     # the conversation kept from item events: user, assistant, user, assistant, user, (cancelled) assistant, less the deleted
     roles = [c.items[i]["role"] for i in c.order]
     assert roles[:3] == ["assistant", "user", "assistant"], roles
+
+
+def test_create_response_false_waits_for_response_create(server):
+    """``turn_detection.create_response: false``: a detected turn is committed and transcribed, and answered only when
+    the client sends ``response.create``."""
+    audio = np.concatenate([pcm_at(turn_file()), np.zeros(24000 * 2, np.int16)])
+
+    async def go():
+        async with websockets.connect(server.url("/v1/realtime"), additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+            c = StrictClient(ws)
+            await c.until(lambda e: e["type"] == "session.created")
+            await c.send(type="session.update", session={"type": "realtime", "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": 24000},
+                "turn_detection": {"type": "server_vad", "create_response": False}}}})
+            upd = (await c.until(lambda e: e["type"] in ("session.updated", "error")))[-1]
+            for i in range(0, len(audio), 4800):
+                await c.send(type="input_audio_buffer.append", audio=b64(audio[i:i + 4800]))
+            heard = await c.until(lambda e: e["type"] == "conversation.item.input_audio_transcription.completed")
+            waited = await c.quiet(2.0)  # nothing answers by itself
+            await c.send(type="response.create")
+            answer = await c.until(lambda e: e["type"] == "response.done")
+            return upd, heard, waited, answer
+
+    upd, heard, waited, answer = run(go(), 120)
+    assert upd["type"] == "session.updated"
+    assert upd["session"]["audio"]["input"]["turn_detection"]["create_response"] is False
+    assert "input_audio_buffer.committed" in _types(heard)
+    assert not {"response.created", "response.done"} & set(_types(heard + waited))
+    transcript = heard[-1]["transcript"]
+    done = answer[-1]["response"]
+    assert done["status"] == "completed" and done["output"][0]["content"][0]["transcript"]
+    info = turn_info()
+    assert transcript and any(k.lower() in done["output"][0]["content"][0]["transcript"].lower() for k in info["keywords"])
