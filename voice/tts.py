@@ -74,7 +74,8 @@ class PiperSynthesizer:
 
     A sentence is synthesized in two steps so its first audio does not wait for the whole sentence: the
     voice's front (phonemes to latent frames: text encoder, duration predictor and flow) runs once, then the
-    vocoder turns the frames into audio a chunk at a time, ``first_frames`` first and then chunks that
+    vocoder turns the frames into audio a chunk at a time, ``first_frames`` first (8: 93 ms of audio at
+    22,050 Hz; first audio of a 2-3 word phrase 31.4 ms median against 33.0 with 12, 29.9 with 6) and then chunks that
     double up to ``max_frames`` (~55 ms of work: the cores are shared with other sessions between chunks), each
     with ``context_frames`` of its neighbours on both sides and only its own samples kept.
     With 10 frames of context the chunks join as the whole sentence decoded at once (within 1e-5; with 8
@@ -88,7 +89,7 @@ class PiperSynthesizer:
     """
 
     def __init__(self, voice_path: str | Path | None = None, *, length_scale: float | None = None,
-                 speaker_id: int | None = None, first_frames: int = 12, context_frames: int = 10,
+                 speaker_id: int | None = None, first_frames: int = 8, context_frames: int = 10,
                  max_frames: int = 96, threads: int = 2, stream: bool = True):
         try:
             from piper import PiperVoice, SynthesisConfig
