@@ -376,12 +376,6 @@ class _Weights:
     cross_w: np.ndarray  # (layers, d, 2d) float32: the encoder output to cross keys | values
     cross_b: np.ndarray  # (layers, 2d)
 
-    @property
-    def nbytes(self) -> int:
-        arrays = [self.embeddings, self.positions, self.norms, self.cross_w, self.cross_b, *self.biases]
-        arrays += [a for w in self.products for a in w[1:]]
-        return sum(a.nbytes for a in arrays)
-
 
 def load_weights(model_bin: str | Path) -> _Weights:
     v = read_ct2(model_bin)

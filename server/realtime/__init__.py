@@ -32,7 +32,8 @@ from .events import (
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_RATE", "MAX_RATE", "MIN_RATE", "PCM_DTYPE", "SERVER_EVENTS",
-    "ClientEvent", "IdSource", "InputAudioAppend", "InputAudioClear", "InputAudioCommit", "ItemCreate", "ItemDelete", "ItemRetrieve", "ItemTruncate",
+    "ClientEvent", "IdSource", "InputAudioAppend", "InputAudioClear", "InputAudioCommit", "ItemCreate", "ItemDelete",
+    "ItemRetrieve", "ItemTruncate",
     "OutputAudioPlayed", "ProtocolError", "ProtocolSession", "ResponseCancel", "ResponseCreate", "ServerEvent",
     "SessionConfig", "SessionLatencyRequest", "SessionUpdate", "TurnDetection",
     "apply_session_update", "decode_pcm", "encode_pcm",

@@ -334,9 +334,7 @@ class ProtocolSession:
         ``item_id`` None: the response produced no item."""
         output = []
         if item_id is not None:
-            output = [{"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant",
-                       "status": "incomplete" if cancelled else "completed",
-                       "content": [{"type": "output_audio", "transcript": transcript}]}]
+            output = [self.assistant_item(item_id, transcript, "incomplete" if cancelled else "completed")]
             self.last_item_id = item_id
         details = {"type": "cancelled", "reason": reason} if cancelled else None
         return self.build("response.done", response=self._response(response_id, "cancelled" if cancelled else "completed", output,

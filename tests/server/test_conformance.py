@@ -76,6 +76,12 @@ def _types(evs: list[dict]) -> list[str]:
     return [e["type"] for e in evs]
 
 
+def _index(turn: list[dict], name: str) -> int:
+    """Where the first ``name`` event of ``turn`` is (of the item events, the assistant's)."""
+    return next(i for i, e in enumerate(turn) if e["type"] == name
+                and (not name.startswith("conversation.item.") or e["item"]["role"] == "assistant"))
+
+
 def test_a_whole_session_validates_and_keeps_the_conversation(server):
     audio = np.concatenate([pcm_at(turn_file()), np.zeros(24000 * 2, np.int16)])
 
@@ -138,11 +144,7 @@ def test_a_whole_session_validates_and_keeps_the_conversation(server):
         order = ["response.created", "response.output_item.added", "conversation.item.added", "response.content_part.added",
                  "response.output_audio.delta", "response.output_audio.done", "response.output_audio_transcript.done",
                  "response.content_part.done", "response.output_item.done", "conversation.item.done", "response.done"]
-        def index(name):  # the item events: the assistant's
-            return next(i for i, e in enumerate(turn) if e["type"] == name
-                        and (not name.startswith("conversation.item.") or e["item"]["role"] == "assistant"))
-
-        at = [index(name) for name in order]
+        at = [_index(turn, name) for name in order]
         assert at == sorted(at), list(zip(order, at))
         done = turn[kinds.index("response.done")]["response"]
         item = turn[kinds.index("response.output_item.done")]["item"]

@@ -11,10 +11,10 @@ import numpy as np
 import pydantic
 import pytest
 from openai.types import realtime as rt
-from openai.types.realtime.realtime_server_event import ConversationItemRetrieved
 from openai.types.realtime.conversation_item_create_event_param import ConversationItemCreateEventParam
 from openai.types.realtime.conversation_item_truncate_event_param import ConversationItemTruncateEventParam
 from openai.types.realtime.input_audio_buffer_append_event_param import InputAudioBufferAppendEventParam
+from openai.types.realtime.realtime_server_event import ConversationItemRetrieved
 from openai.types.realtime.response_cancel_event_param import ResponseCancelEventParam
 from openai.types.realtime.response_create_event_param import ResponseCreateEventParam
 from openai.types.realtime.session_update_event_param import SessionUpdateEventParam
