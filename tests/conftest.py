@@ -20,6 +20,7 @@ ENGINE_FIXTURES = frozenset({
     "model", "generator", "tokenizer", "reference",  # the decode core on the real model
     "transcriber", "piper", "espeak", "question_audio", "voice",  # Whisper, the voices
     "engines", "played", "shared", "server", "pulse", "browser_available",  # whole pipelines, servers, devices
+    "llama_server",  # llama-cpp-python's OpenAI-compatible server on the default GGUF
 })
 #: Modules whose every test runs the real engines (through the CLI in a subprocess, mostly).
 ENGINE_MODULES = frozenset({"test_cli", "test_voice_e2e", "test_browser", "test_mic", "test_server"})
@@ -48,6 +49,20 @@ def generator(model):
 @pytest.fixture(scope="session")
 def tokenizer(generator):
     return generator.tokenizer
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory):
+    """A real ``python -m llama_cpp.server`` on the default GGUF, on 127.0.0.1 (``tests/llama_server.py``):
+    ``.base_url`` is ``http://127.0.0.1:PORT/v1``. It fails (never skips) when the server cannot start."""
+    import llama_server as helper
+
+    try:
+        server = helper.start(log_dir=tmp_path_factory.mktemp("llama_server"))
+    except helper.LlamaServerError as error:
+        pytest.fail(str(error), pytrace=False)
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")
