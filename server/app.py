@@ -1,9 +1,10 @@
 """``wafervox serve``: the asyncio websockets adapter around ``RealtimeSession``.
 
 The event loop only does I/O: HTTP routes (``/`` the demo page, ``/static/*``, ``/healthz``,
-``/metrics``), the handshake checks (token, Origin, session count), reading client messages
+``/metrics``, ``/v1/models``), the handshake checks (token, Origin, session count), reading client messages
 into their session, and writing each session's output with a bounded buffer.  Sessions compute
 on their own threads (``server.session``), sharing the engines loaded once (``SharedEngines``).
+Requests other than GET (``POST /v1/chat/completions``) never reach websockets: ``server.http_api`` answers them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from websockets.http11 import Request, Response
 
 from voice.loop import LoopConfig
 
+from .http_api import CHAT_PATH, ApiError, ChatAPI
 from .memory import trim
 from .metrics import CONTENT_TYPE, Metrics
 from .realtime import IdSource, ProtocolError
@@ -157,6 +159,9 @@ class VoiceServer:
         self.limiter = RateLimiter(self.opts.connect_rate, max(1.0, 2 * self.opts.connect_rate))
         self._metrics_page: tuple[float, bytes] | None = None  # rendered at most once a second
         self._trim_handle: asyncio.TimerHandle | None = None  # the trim after the last connection closed
+        #: POST /v1/chat/completions (and any request but a GET); its completions share the sessions' slots
+        self.chat = ChatAPI(shared, metrics=self.metrics, ids=self.ids, limiter=self.limiter, token=self.opts.token,
+                            max_sessions=self.opts.limits.max_sessions, sessions=lambda: len(self._conns))
 
     # -- HTTP and the handshake --------------------------------------------------------------------
 
@@ -173,8 +178,11 @@ class VoiceServer:
         if path in WS_PATHS:
             return self._check_ws(conn, request, parse_qs(url.query))
         if path == "/healthz":
-            body = {"status": "ok", "sessions": len(self._conns), "max_sessions": self.opts.limits.max_sessions}
+            body = {"status": "ok", "sessions": len(self._conns), "completions": self.chat.active,
+                    "max_sessions": self.opts.limits.max_sessions}
             return _response(HTTPStatus.OK, json.dumps(body).encode(), "application/json")
+        if path == "/v1/models" or path.startswith("/v1/models/") or path == CHAT_PATH:
+            return self._openai_get(path, request)
         if path == "/metrics":  # rendered here on the event loop from counters alone: no session or compute is touched
             now = time.monotonic()
             if self._metrics_page is None or now - self._metrics_page[0] >= 1.0:
@@ -189,6 +197,22 @@ class VoiceServer:
                     ctype += "; charset=utf-8"
                 return _response(HTTPStatus.OK, f.read_bytes(), ctype)
         return _response(HTTPStatus.NOT_FOUND, f"not found: {path}\n".encode(), "text/plain")
+
+    def _openai_get(self, path: str, request: Request) -> Response:
+        """``GET /v1/models`` (and ``/v1/models/ID``) in the OpenAI shapes, behind the same token as the rest."""
+        err = self.chat.check_token(request.headers.get("Authorization"))
+        if err is None and path == CHAT_PATH:
+            err = ApiError(405, f"use POST for {CHAT_PATH}", code="method_not_allowed", headers=(("Allow", "POST"),))
+        if err is None and path.startswith("/v1/models/") and path[len("/v1/models/"):] != self.chat.model_id:
+            err = ApiError(404, f"the model {path[len('/v1/models/'):]!r} does not exist; this server has "
+                           f"{self.chat.model_id!r}", code="model_not_found", param="model")
+        if err is not None:
+            response = _response(HTTPStatus(err.status), err.body(), "application/json")
+            for k, v in err.headers:
+                response.headers[k] = v
+            return response
+        body = self.chat.models() if path == "/v1/models" else self.chat.model()
+        return _response(HTTPStatus.OK, json.dumps(body).encode(), "application/json")
 
     def _check_ws(self, conn: ServerConnection, request: Request, query: dict) -> Response | None:
         origin = request.headers.get("Origin")
@@ -223,9 +247,10 @@ class VoiceServer:
         url = urlsplit(ws.request.path)
         path = url.path
         limits = self.opts.limits
-        if len(self._conns) >= limits.max_sessions:
+        if len(self._conns) + self.chat.active >= limits.max_sessions:
             self.metrics.rejected.labels("full").inc()
-            await ws.close(1013, f"server full: {len(self._conns)} of {limits.max_sessions} sessions in use; try again later")
+            await ws.close(1013, f"server full: {len(self._conns) + self.chat.active} of {limits.max_sessions} sessions "
+                           "(chat completions included) in use; try again later")
             self._trim_later()
             return
         self._n += 1
@@ -291,12 +316,13 @@ class VoiceServer:
         self._server = await serve(
             self._handle, self.opts.host, self.opts.port, process_request=self._process_request,
             select_subprotocol=self._select_subprotocol, max_size=4 * limits.max_message_bytes,
-            write_limit=1 << 16, max_queue=64, server_header="wafervox")
+            write_limit=1 << 16, max_queue=64, server_header="wafervox", create_connection=self.chat.create_connection())
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         for ws, session in list(self._conns.items()):
             await self.say_goodbye(ws, session, 1001, "server shutting down")
+        await self.chat.close()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -322,5 +348,8 @@ def _token(headers: Headers, query: dict) -> str | None:
 
 
 def _response(status: HTTPStatus, body: bytes, ctype: str) -> Response:
-    headers = Headers([("Content-Type", ctype), ("Content-Length", str(len(body))), ("Cache-Control", "no-store")])
+    # websockets closes the connection after any answer but 101: say so, or an HTTP client (the openai SDK's pool)
+    # sends its next request on it and finds it closed
+    headers = Headers([("Content-Type", ctype), ("Content-Length", str(len(body))), ("Cache-Control", "no-store"),
+                       ("Connection", "close")])
     return Response(status.value, status.phrase, headers, body)

@@ -28,6 +28,10 @@ class Metrics:
         self.rejected = Counter("wafervox_sessions_rejected", "Connections refused", ["reason"], registry=r)
         self.errors = Counter("wafervox_errors", "Error events sent to clients, by code", ["code"], registry=r)
         self.dropped = Counter("wafervox_output_dropped_bytes", "Output bytes dropped for clients that did not read", registry=r)
+        self.completions = Counter("wafervox_chat_completions", "Chat completions (/v1/chat/completions) decoded, by how they "
+                                   "ended: stop, length, error, client_gone", ["finish"], registry=r)
+        self.completion_tokens = Counter("wafervox_chat_completion_tokens", "Tokens of chat completions: their prompts' and "
+                                         "those generated", ["kind"], registry=r)
         self._n = self._ok = 0
         self._lock = threading.Lock()
 
