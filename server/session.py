@@ -30,7 +30,17 @@ from voice.clock import RealClock
 from voice.latency import percentile, summarize
 from voice.llm import Persona
 from voice.loop import LoopConfig, VoiceLoop, run_until
-from voice.loop_events import LoopEvent, PhraseStarted, ResponseStarted, TranscriptFinal, TurnEnded, UserSpeechStarted, UserSpeechStopped
+from voice.loop_events import (
+    FunctionCallDelta,
+    IdleTimeout,
+    LoopEvent,
+    PhraseStarted,
+    ResponseStarted,
+    TranscriptFinal,
+    TurnEnded,
+    UserSpeechStarted,
+    UserSpeechStopped,
+)
 from voice.playout import Playout
 from voice.protocols import ASR_RATE
 
@@ -85,6 +95,10 @@ class _Answer:
     client: dict | None = None  # voice-to-voice on the client's clock, once it told us
     reported: dict | None = None  # the turn.latency report sent
     metadata: dict | None = None  # response.create's, echoed in the response object
+    message_index: int | None = None  # the assistant message's output index, once it was added (its first audio or phrase)
+    #: the response's output items in order: ("message", item id) or ("call", call id)
+    outputs: list = field(default_factory=list)
+    calls: dict = field(default_factory=dict)  # call id -> [item id, output index, name, arguments, done]
 
 
 class RealtimeSession:
@@ -124,6 +138,7 @@ class RealtimeSession:
         self._speech_start = 0  # input sample (ASR_RATE) where it started
         self._last_voiced: int | None = None
         self._typed: list[str] = []  # text items waiting for response.create
+        self._tool_output = False  # a tool's result came (function_call_output): response.create goes on from it
         self._metadata: dict | None = None  # response.create's metadata, for the response it starts
         self._deferred_engines = None
         self._summary: dict | None = None  # kept when the session closes
@@ -198,7 +213,9 @@ class RealtimeSession:
             loop.close()
             for engines in (loop.e, self._deferred_engines):
                 if engines is not None:
-                    engines.llm.generator.close()
+                    engines.llm.close()
+                    if engines.turn_end is not None:
+                        engines.turn_end.generator.close()
         self.loop = self._deferred_engines = None
         self.emit = lambda frame, droppable: None
         self.close_connection = lambda code, reason: None
@@ -255,12 +272,12 @@ class RealtimeSession:
             persona = self._default_persona if cfg.instructions.strip() in ("", self._default_persona.system) \
                 else Persona.from_instructions(cfg.instructions)
             llm = self.loop.e.llm
-            need, room = llm.opening_tokens(persona) + TURN_RESERVE_TOKENS, llm.generator.n_ctx - llm.max_tokens
+            need, room = llm.opening_tokens(persona) + TURN_RESERVE_TOKENS, llm.n_ctx - llm.max_tokens
             if need > room:  # the whole update is refused: the codec's config goes back to the one in force
                 self.proto.config = self._config
                 self._send_error(P.ProtocolError(
                     "context_length_exceeded", f"session.update: the instructions take {need - TURN_RESERVE_TOKENS} tokens and "
-                    f"a turn needs {TURN_RESERVE_TOKENS} more, over the {room} the {llm.generator.n_ctx}-token context leaves "
+                    f"a turn needs {TURN_RESERVE_TOKENS} more, over the {room} the {llm.n_ctx}-token context leaves "
                     "beside the answer; the session is unchanged", ev.event_id, "session.instructions"))
                 return
             if persona != llm.persona:
@@ -280,20 +297,31 @@ class RealtimeSession:
                 lc = self.loop.cfg.with_turn_detection(threshold=td.threshold, silence_duration_ms=td.silence_duration_ms,
                                                        prefix_padding_ms=td.prefix_padding_ms,
                                                        interrupt_response=td.interrupt_response,
-                                                       create_response=td.create_response)
+                                                       create_response=td.create_response, idle_timeout_ms=td.idle_timeout_ms)
             self.loop.configure(lc)
         if "output_rate" in ev.changed:
             self._out_rs = Resampler(self.shared.sample_rate, cfg.output_rate)
-        if "tools" in ev.changed and cfg.tools:
+        if "tools" in ev.changed and cfg.tools and not _calls_tools(self.loop.e.llm):
             self._send_error(P.ProtocolError(
                 "tools_not_supported", f"session.update: {len(cfg.tools)} tool(s) accepted but never called: the local "
-                "model cannot call tools; the rest of the update applies", ev.event_id, "session.tools"))
+                "model cannot call tools (an OpenAI-compatible backend, `wafervox serve --llm URL`, can); the rest of the "
+                "update applies", ev.event_id, "session.tools"))
         self._config = cfg
+        self._set_tools(self.loop.e.llm)
         self._send(self.proto.session_updated())
 
     def _swap_engines(self, engines) -> None:
         self.loop.set_engines(engines)
         self._deferred_engines = None
+        self._set_tools(engines.llm)
+
+    def _set_tools(self, llm, choice=None) -> None:
+        """The session's tools (and ``choice``, else its tool_choice) to an LLM that calls tools."""
+        if _calls_tools(llm):
+            from voice.openai_llm import chat_tool, chat_tool_choice
+
+            llm.tools = tuple(chat_tool(t) for t in self._config.tools)
+            llm.tool_choice = chat_tool_choice(choice or self._config.tool_choice)
 
     def _on_append(self, ev: P.InputAudioAppend) -> None:
         if not len(ev.samples):
@@ -337,31 +365,58 @@ class RealtimeSession:
         self._typed.append(ev.text)
         self._add_item(self.proto.user_item(ev.item_id, text=ev.text), done=True)
 
+    def _on_function_output(self, ev: P.FunctionOutputCreate) -> None:
+        llm = self.loop.e.llm
+        if not _calls_tools(llm):
+            self._send_error(P.ProtocolError("unsupported_item", "function_call_output: the local model calls no tools, so "
+                                             "there is no call to answer", ev.event_id, "item.type"))
+            return
+        llm.add_function_output(ev.call_id, ev.output)
+        self._tool_output = True
+        self._add_item(self.proto.function_output_item(ev.item_id, ev.call_id, ev.output), done=True)
+
     def _on_response_create(self, ev: P.ResponseCreate) -> None:
+        llm = self.loop.e.llm
+        if not self._typed and self._tool_output:  # the answer goes on from the tools' results
+            self._respond(ev, None)
+            return
         if not self._typed:
             self._send_error(P.ProtocolError("no_user_input", "response.create needs a user text item first "
                                              "(spoken turns are answered by themselves)", ev.event_id))
             return
         text = " ".join(self._typed)
-        llm = self.loop.e.llm
-        need, n_ctx = llm.prompt_tokens(text) + llm.max_tokens, llm.generator.n_ctx
+        need, n_ctx = llm.prompt_tokens(text) + llm.max_tokens, llm.n_ctx
         if need > n_ctx:
             self._typed.clear()
             self._send_error(P.ProtocolError("context_length_exceeded", f"the user text ({len(text)} characters) with the "
                                              f"instructions and room for the answer takes {need} tokens, over the {n_ctx}-token "
                                              "context; the text items were dropped", ev.event_id, "item.content"))
             return
+        self._respond(ev, text)
+
+    def _respond(self, ev: P.ResponseCreate, text: str | None) -> None:
+        """Start the response ``ev`` asks for: to the typed ``text``, or (None) going on after the tools' results."""
+        llm = self.loop.e.llm
         if ev.instructions is not None:
-            self._send_error(P.ProtocolError("unsupported_value", "per-response instructions are not supported: this "
-                                             "response follows the session's; set them with session.update", ev.event_id,
-                                             "response.instructions"))
+            if hasattr(llm, "instructions"):  # a backend: this reply's system message
+                llm.instructions = ev.instructions
+            else:
+                self._send_error(P.ProtocolError("unsupported_value", "per-response instructions need an OpenAI-compatible "
+                                                 "backend (--llm); with the local model this response follows the session's "
+                                                 "(set them with session.update)", ev.event_id, "response.instructions"))
+        if ev.tool_choice is not None:
+            self._set_tools(llm, ev.tool_choice)
         self._metadata = None if ev.metadata is None else dict(ev.metadata)
         if not self.loop.respond_text(text):
             self._metadata = None
+            if hasattr(llm, "instructions"):
+                llm.instructions = None
             self._send_error(P.ProtocolError("conversation_already_has_active_response",
                                              "a response is in progress; cancel it or wait for response.done", ev.event_id))
             return
-        self._typed.clear()
+        if text is not None:
+            self._typed.clear()
+        self._tool_output = False
         self._user_item = None
 
     def _on_cancel(self, ev: P.ResponseCancel) -> None:
@@ -479,6 +534,7 @@ class RealtimeSession:
         P.InputAudioCommit: _on_commit,
         P.InputAudioClear: _on_clear,
         P.ItemCreate: _on_item,
+        P.FunctionOutputCreate: _on_function_output,
         P.ResponseCreate: _on_response_create,
         P.ResponseCancel: _on_cancel,
         P.ItemTruncate: _on_truncate,
@@ -527,36 +583,86 @@ class RealtimeSession:
         while len(self._answers) > 16:
             self._answers.pop(next(iter(self._answers)))
         self._send(created)
-        a = self._answer
-        item = self.proto.assistant_item(a.item_id, None, "in_progress")
-        self._send(self.proto.output_item_added(a.response_id, item))
-        self._add_item(item)
-        self._send(self.proto.content_part_added(a.response_id, a.item_id))
+
+    def _message(self, a: _Answer) -> int:
+        """The answer's assistant message item, added on its first audio or phrase (a response that only calls a tool
+        has none); returns its output index."""
+        if a.message_index is None:
+            a.message_index = len(a.outputs)
+            a.outputs.append(("message", a.item_id))
+            item = self.proto.assistant_item(a.item_id, None, "in_progress")
+            self._send(self.proto.output_item_added(a.response_id, item, a.message_index))
+            self._add_item(item)
+            self._send(self.proto.content_part_added(a.response_id, a.item_id, a.message_index))
+        return a.message_index
 
     def _on_phrase(self, ev: PhraseStarted) -> None:
         a = self._answer
         if a is not None:
+            index = self._message(a)
             a.playout.begin_phrase(ev.text)  # the audio sent from now on is this phrase's
             delta = ev.text if ev.index == 0 else " " + ev.text
-            self._send(self.proto.transcript_delta(a.response_id, a.item_id, delta))
+            self._send(self.proto.transcript_delta(a.response_id, a.item_id, delta, index))
+
+    def _on_idle_timeout(self, ev: IdleTimeout) -> None:
+        """``idle_timeout_ms`` passed with no speech: the silent audio becomes an (empty) user item, then the prompt."""
+        item = self.proto.new_item_id()
+        self._send(self.proto.timeout_triggered(_ms(ev.start_sample), _ms(ev.end_sample), item))
+        self._send(self.proto.committed(item))
+        self._add_item(self.proto.user_item(item, transcript=""), done=True)
+
+    def _on_function_call(self, ev: FunctionCallDelta) -> None:
+        a, p = self._answer, ev.piece
+        if a is None:
+            return
+        call = a.calls.get(p.call_id)
+        if call is None:
+            call = a.calls[p.call_id] = [self.proto.new_item_id(), len(a.outputs), p.name, "", False]
+            a.outputs.append(("call", p.call_id))
+            item = self.proto.function_call_item(call[0], p.call_id, p.name, "", "in_progress")
+            self._send(self.proto.output_item_added(a.response_id, item, call[1]))
+            self._add_item(item)
+        if p.delta:
+            call[3] += p.delta
+            self._send(self.proto.arguments_delta(a.response_id, call[0], call[1], p.call_id, p.delta))
+        if p.done:
+            call[3], call[4] = p.arguments, True
+            self._send(self.proto.arguments_done(a.response_id, call[0], call[1], p.call_id, p.name, p.arguments))
+            item = self.proto.function_call_item(call[0], p.call_id, p.name, p.arguments, "completed")
+            self._send(self.proto.output_item_done(a.response_id, item, call[1]))
+            self._item_done(item)
 
     def _on_turn_ended(self, ev: TurnEnded) -> None:
         a, self._answer = self._answer, None
         report = ev.report
         if a is not None:
-            if a.samples:
-                tail = self._out_rs.flush()
-                if not ev.cancelled:
-                    self._audio(a, tail)
-                self._send(self.proto.audio_done(a.response_id, a.item_id))
-            self._send(self.proto.transcript_done(a.response_id, a.item_id, ev.spoken))
-            self._send(self.proto.content_part_done(a.response_id, a.item_id, ev.spoken))
-            item = self.proto.assistant_item(a.item_id, ev.spoken, "incomplete" if ev.cancelled else "completed")
-            self._send(self.proto.output_item_done(a.response_id, item))
-            self._item_done(item)
+            status = "incomplete" if ev.cancelled or ev.error else "completed"
+            if a.message_index is None and not a.calls:  # an answer with nothing at all still has its (empty) message
+                self._message(a)
+            if a.message_index is not None:
+                index = a.message_index
+                if a.samples:
+                    tail = self._out_rs.flush()
+                    if not ev.cancelled:
+                        self._audio(a, tail)
+                    self._send(self.proto.audio_done(a.response_id, a.item_id, index))
+                self._send(self.proto.transcript_done(a.response_id, a.item_id, ev.spoken, index))
+                self._send(self.proto.content_part_done(a.response_id, a.item_id, ev.spoken, index))
+                item = self.proto.assistant_item(a.item_id, ev.spoken, status)
+                self._send(self.proto.output_item_done(a.response_id, item, index))
+                self._item_done(item)
+            output = []
+            for kind, key in a.outputs:
+                if kind == "message":
+                    output.append(self.proto.assistant_item(a.item_id, ev.spoken, status))
+                else:
+                    item_id, _, name, arguments, done = a.calls[key]
+                    output.append(self.proto.function_call_item(item_id, key, name, arguments, "completed" if done else "incomplete"))
+            if ev.error:
+                self._send_error(P.ProtocolError("llm_backend_failed", ev.error, type="server_error"))
             self._send(self.proto.response_done(a.response_id, a.item_id, ev.spoken, cancelled=ev.cancelled,
                                                  reason=ev.reason or "client_cancelled", metadata=a.metadata,
-                                                 usage=self._usage()))
+                                                 usage=self._usage(), output=output, error=ev.error))
         if report is not None:
             d = report.to_dict()
             if self.metrics:
@@ -574,6 +680,8 @@ class RealtimeSession:
         TranscriptFinal: _on_transcript,
         ResponseStarted: _on_response_started,
         PhraseStarted: _on_phrase,
+        FunctionCallDelta: _on_function_call,
+        IdleTimeout: _on_idle_timeout,
         TurnEnded: _on_turn_ended,
     }
 
@@ -601,6 +709,7 @@ class RealtimeSession:
         """Send ``pcm`` in deltas of at most ``DELTA_MS`` (TTS hands over whole sentences)."""
         if not len(pcm):
             return
+        index = self._message(a)
         if a.first_sample is None:
             a.first_sample = self._out_samples
         if a.playout.texts:  # (audio before the first phrase, an acknowledgement, holds no words)
@@ -613,7 +722,7 @@ class RealtimeSession:
             if self.native:
                 self.emit(piece.astype(P.PCM_DTYPE, copy=False).tobytes(), True)
             else:
-                self.emit(self.proto.audio_delta(a.response_id, a.item_id, piece).to_json(), True)
+                self.emit(self.proto.audio_delta(a.response_id, a.item_id, piece, index).to_json(), True)
 
     def clear_after(self, t: float) -> None:
         """Barge-in: audio already sent cannot be recalled; ``response.done`` (cancelled) tells the client to stop."""
@@ -628,6 +737,11 @@ class RealtimeSession:
             self.metrics.error(err.code)
         log.info("%s: error %s: %s", self.name, err.code, err.message)
         self._send(self.proto.error(err))
+
+
+def _calls_tools(llm) -> bool:
+    """The LLM can call tools (an OpenAI-compatible backend's conversation)."""
+    return hasattr(llm, "add_function_output")
 
 
 def _ms(sample: int) -> int:

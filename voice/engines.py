@@ -15,7 +15,7 @@ from decode.batching import BatchingModel, ComputeThread
 from .llm import LLMConversation, Persona
 from .loop import Engines
 from .protocols import ASR_RATE
-from .turn_end import TurnEndScorer
+from .turn_end import TurnEndScorer, scoring_context
 
 ACK_TEXT = "Hmm,"
 
@@ -32,6 +32,9 @@ class EngineOptions:
     #: Applied to the loaded ``decode.Model`` before any decoding (the CLI passes the wafer
     #: deployment: ``lambda m: wafer.staged.stage(m, deployment)``), so every turn runs through it.
     deploy: Callable | None = None
+    #: An OpenAI-compatible backend for the LLM stage (``voice.openai_llm.Backend``; ``--llm URL``): the answers come
+    #: from it; the local decode core still scores the end of turn.
+    backend: object | None = None
 
 
 def one_blas_thread() -> None:
@@ -63,8 +66,15 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
     model = Model(opts.model)
     if opts.deploy is not None:
         model = opts.deploy(model)
-    llm = LLMConversation(Generator(model=model), persona=persona or Persona(), max_tokens=opts.max_tokens)
-    llm.warmup()
+    local = LLMConversation(Generator(model=model), persona=persona or Persona(), max_tokens=opts.max_tokens)
+    local.warmup()
+    llm = local
+    if opts.backend is not None:
+        from .openai_llm import OpenAIConversation
+
+        say(f"checking the LLM backend: {opts.backend.name}")
+        llm = OpenAIConversation(opts.backend, persona=local.persona, max_tokens=opts.max_tokens)
+        llm.warmup()  # raises LLMBackendError, in one line, when it cannot answer
     times["llm_ms"] = (time.perf_counter() - t) * 1000
     t = time.perf_counter()
     say(f"loading the {opts.tts} voice")
@@ -74,7 +84,7 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
     times["tts_ms"] = (time.perf_counter() - t) * 1000
     t = time.perf_counter()
     say("warming up with one full turn")
-    turn_end = TurnEndScorer.for_model(llm.generator)
+    turn_end = TurnEndScorer.for_model(local.generator)
     warm_turn(asr, llm, tts, turn_end)
     times["warmup_ms"] = (time.perf_counter() - t) * 1000
     return Engines(transcriber=asr, llm=llm, tts=tts, ack_pcm=ack, turn_end=turn_end), times
@@ -89,7 +99,7 @@ def warm_turn(asr, llm, tts, turn_end: TurnEndScorer | None = None) -> None:
     speech = np.concatenate(list(tts.synthesize("What time do you open tomorrow morning?")))
     text = asr.transcribe(to_float(resample(speech, tts.sample_rate, ASR_RATE))).text
     if turn_end is not None:
-        turn_end.score(llm.context(), text or "Hello")
+        turn_end.score(scoring_context(llm), text or "Hello")
     reply = "".join(llm.reply(text or "Hello"))
     for _ in tts.synthesize(reply or "Hello."):
         pass
@@ -124,21 +134,35 @@ class SharedEngines:
         engines, times = compute.call(load_engines, batching, persona, progress)
         return cls(engines, compute), times
 
+    @property
+    def generator(self):
+        """The decode core's generator every session forks: the LLM's, or with a backend (``--llm``) the end-of-turn
+        scorer's (the local model is then only the scorer)."""
+        return self.base.turn_end.generator if self.base.turn_end is not None else self.base.llm.generator
+
     def session(self, persona: Persona | None = None) -> Engines:
         """Engines for one session; ``persona`` None keeps the default one."""
         base = self.base.llm
-        gen = self.compute.call(base.generator.fork)
-        llm = LLMConversation(gen, persona=persona or base.persona, max_tokens=base.max_tokens, sampling=base.sampling,
-                              history_turns=base.history_turns)
+        gen = self.compute.call(self.generator.fork)
+        llm = self._conversation(base, gen, persona or base.persona)
         return Engines(transcriber=_ComputeTranscriber(self.base.transcriber, self.asr, self.asr_long), llm=llm,
                        tts=_LockedSynthesizer(self.base.tts, self.compute.cores), ack_pcm=self.base.ack_pcm,
                        project=self.base.project,
                        turn_end=None if self.base.turn_end is None else TurnEndScorer(gen, self.base.turn_end.head))
 
+    @staticmethod
+    def _conversation(base, gen, persona: Persona):
+        """A session's conversation like ``base``: on its own sequence ``gen`` of the decode core, or with ``base``'s
+        backend (``gen`` is then the end-of-turn scorer's alone)."""
+        if isinstance(base, LLMConversation):
+            return LLMConversation(gen, persona=persona, max_tokens=base.max_tokens, sampling=base.sampling,
+                                   history_turns=base.history_turns)
+        return base.fork(persona)
+
     def session_bytes(self) -> int:
         """The memory one session's engines hold of their own (its sequence's KV cache and scratch, on the
         deployment the model is staged on), measured on a fork that is closed again."""
-        gen = self.compute.call(self.base.llm.generator.fork)
+        gen = self.compute.call(self.generator.fork)
         try:
             return gen.memory_bytes()
         finally:
@@ -147,8 +171,7 @@ class SharedEngines:
     def with_persona(self, engines: Engines, persona: Persona) -> Engines:
         """The same session with a new persona (``session.update`` instructions): history restarts."""
         old = engines.llm
-        llm = LLMConversation(old.generator, persona=persona, max_tokens=old.max_tokens, sampling=old.sampling,
-                              history_turns=old.history_turns)
+        llm = self._conversation(old, getattr(old, "generator", None), persona)
         return replace(engines, llm=llm)
 
 

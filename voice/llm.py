@@ -353,6 +353,14 @@ class LLMConversation:
             self.history = list(self._opening)
         self._sim0: float | None = None  # the sequence's simulated clock when the reply started
 
+    @property
+    def n_ctx(self) -> int:
+        return self.generator.n_ctx
+
+    def close(self) -> None:
+        """Free this conversation's sequence (its KV cache and scratch) on the decode core."""
+        self.generator.close()
+
     def _sim_now(self) -> float | None:
         sim = getattr(self.generator.state, "sim", None)  # a staged model's sequences carry one
         return None if sim is None else sim.now_s
@@ -435,9 +443,11 @@ class LLMConversation:
         finally:
             self.last_usage = Usage(input_tokens=len(ids), cached_tokens=max(0, cached), output_tokens=out)
 
-    def commit(self, user_text: str, spoken: str) -> None:
-        """Record the turn as it was heard."""
-        self.history += [{"role": "user", "content": user_text}, {"role": "assistant", "content": spoken.strip()}]
+    def commit(self, user_text: str | None, spoken: str) -> None:
+        """Record the turn as it was heard (``user_text`` None: an answer of the agent's own, the idle prompt)."""
+        if user_text is not None:
+            self.history.append({"role": "user", "content": user_text})
+        self.history.append({"role": "assistant", "content": spoken.strip()})
 
     def amend_last(self, spoken: str) -> None:
         """The last answer was heard only up to ``spoken`` (the client truncated it)."""

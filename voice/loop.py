@@ -30,11 +30,14 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from .audio import AudioChunk
+from .errors import LLMBackendError
 from .input_buffer import InputBuffer
 from .latency import TurnReport, TurnTrace
 from .loop_config import LoopConfig
 from .loop_events import (
     BargeIn,
+    FunctionCallDelta,
+    IdleTimeout,
     LoopEvent,
     PhraseStarted,
     ResponseStarted,
@@ -45,13 +48,15 @@ from .loop_events import (
 )
 from .phrases import PhraseChunker
 from .playout import Playout
-from .protocols import ASR_RATE, Clock, Conversation, Sink, Synthesizer, Transcriber
-from .turn_end import TurnEndScorer
+from .protocols import ASR_RATE, Clock, Conversation, FunctionCallPiece, Sink, Synthesizer, Transcriber
+from .turn_end import TurnEndScorer, scoring_context
 from .turns import TurnEvent, TurnMachine, TurnState
 from .vad import EarlyPause, EarlyResume, Endpointer, EndpointerConfig, Pause, SpeechResumed, SpeechStarted, SpeechStopped, VadEvent
 from .vad import State as VadState
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
+#: What the loop says when the user has been silent for the idle timeout (a set phrase: no LLM call, no prompt to fit)
+IDLE_PROMPT = "Are you still there?"
 _SAMPLE_FIELDS = ("sample", "first_voiced_sample", "last_voiced_sample", "start_pad", "end_pad")  # of the VAD events
 
 
@@ -93,6 +98,11 @@ class _Response:
     failed: bool = False  # its speculative transcript is not to be used (``Transcript.retry``)
     end_of_turn: dict | None = None  # the end-of-turn score and decision made at its pause (for the report)
     transcribe_only: bool = False  # the turn is transcribed, not answered (``LoopConfig.create_response`` False)
+    continuation: bool = False  # no user turn: the LLM goes on from the conversation (after a tool's result)
+    fixed: str | None = None  # a set answer, not the LLM's (the idle prompt)
+    calls: list = field(default_factory=list)  # tool-call pieces held until the answer is released
+    called: bool = False  # the reply called a tool
+    error: str | None = None  # the LLM backend failed (``LLMBackendError``): the turn ends with what was spoken
 
     def stamp(self, name: str, t: float) -> None:
         self.stamps.setdefault(name, t)
@@ -133,6 +143,7 @@ class VoiceLoop:
         self.non_speech = 0  # "utterances" whose transcript had no words
         self._prepare = False  # idle work pending: prefill the next turn's context
         self._stop_ms: int | None = None  # an end-of-turn decision to hand to the endpointer after the piece of work
+        self._idle_from = clock.now()  # the idle timeout counts from here (the last answer's end, or the last speech)
 
     def _emit(self, event: LoopEvent) -> None:
         if self.on_event is not None:
@@ -241,6 +252,7 @@ class VoiceLoop:
                 self._speech_stopped(ev, now)
 
     def _speech_started(self, ev: SpeechStarted, now: float, busy: bool) -> None:
+        self._idle_from = now
         self._emit(UserSpeechStarted(first_voiced_sample=ev.first_voiced_sample, barge_in=busy))  # before the answer is cut
         if busy:
             self._barge_in(ev, now)
@@ -319,9 +331,10 @@ class VoiceLoop:
         self._task.end_of_turn = {"rule": "manual"}
         return True
 
-    def respond_text(self, text: str) -> bool:
+    def respond_text(self, text: str | None) -> bool:
         """Answer a typed user message (``conversation.item.create`` + ``response.create``); the
-        turn has no voice stages.  False while another answer is in progress."""
+        turn has no voice stages.  ``text`` None: no new user message, the LLM goes on from the
+        conversation as it stands (after a tool's result).  False while another answer is in progress."""
         if self._task is not None:
             return False
         self._drop_spec()
@@ -329,8 +342,8 @@ class VoiceLoop:
         self._trace.mark("endpoint", self.clock.now(), overwrite=True)
         self.turns.fire(TurnEvent.SPEECH_STOPPED)
         end = self.input.end_sample
-        r = _Response(first_voiced=end, last_voiced=end, speculative=False, released=True)
-        r.gen = self._respond(r, None, text=text)
+        r = _Response(first_voiced=end, last_voiced=end, speculative=False, released=True, continuation=text is None)
+        r.gen = self._respond(r, None, text=text or "")
         self._task = r
         return True
 
@@ -384,12 +397,36 @@ class VoiceLoop:
 
     def has_work(self) -> bool:
         now = self.clock.now()
-        return self._prepare_due() or any(r is not None and r.ready(now) for r in (self._task, self._spec))
+        idle = self._idle_deadline()
+        return (self._prepare_due() or any(r is not None and r.ready(now) for r in (self._task, self._spec))
+                or idle is not None and now >= idle)
 
     def wake_at(self) -> float | None:
-        """When a paced answer waiting for its simulated time may go on (None: nothing waits)."""
+        """When a paced answer waiting for its simulated time may go on, or the idle timeout falls due (None: nothing
+        waits)."""
         due = [r.due_s for r in (self._task, self._spec) if r is not None and not r.finished and r.due_s is not None]
-        return min(due, default=None)
+        idle = self._idle_deadline()
+        return min(due + ([] if idle is None else [idle]), default=None)
+
+    def _idle_deadline(self) -> float | None:
+        """When the user, silent since the last answer, is prompted (``LoopConfig.idle_timeout_ms``); None: not now."""
+        if (self.cfg.idle_timeout_ms is None or not self.cfg.turn_detection or self._task is not None or self._spec is not None
+                or self._trace is not None or self.vad.state is not VadState.SILENCE or self.turns.state is not TurnState.LISTENING):
+            return None
+        return max(self._idle_from, self.playout.cursor) + self.cfg.idle_timeout_ms / 1000
+
+    def _idle_timeout(self) -> None:
+        """Nobody spoke for the idle timeout: say so (``IdleTimeout``) and prompt the user with a set answer."""
+        now = self.clock.now()
+        end = self.input.end_sample
+        start = max(0, end - int((now - max(self._idle_from, self.playout.cursor)) * ASR_RATE))
+        self._emit(IdleTimeout(start_sample=start, end_sample=end))
+        self._new_trace(end)
+        self._trace.mark("endpoint", now, overwrite=True)
+        self.turns.fire(TurnEvent.SPEECH_STOPPED)
+        r = _Response(first_voiced=end, last_voiced=end, speculative=False, released=True, continuation=True, fixed=IDLE_PROMPT)
+        r.gen = self._respond(r, None, text="")
+        self._task = r
 
     def _prepare_due(self) -> bool:
         return self._prepare and self.turns.state is TurnState.LISTENING and self.vad.state is VadState.SILENCE
@@ -408,6 +445,10 @@ class VoiceLoop:
                 self._apply_stop()
                 self._housekeeping()
                 return True
+        idle = self._idle_deadline()
+        if idle is not None and now >= idle:
+            self._idle_timeout()
+            return True
         if self._prepare_due():
             self._prepare = False
             with self.clock.working():
@@ -435,17 +476,18 @@ class VoiceLoop:
         if r.released:
             self._confirmed(r)
         yield
-        if not _has_words(r.transcript) or r.transcribe_only:
+        if not (_has_words(r.transcript) or r.continuation) or r.transcribe_only:
             return
         if r.speculative and self._semantic():
             self._judge_turn_end(r)
             yield
         chunker = PhraseChunker()
         llm = self.e.llm
-        stream = llm.reply(r.transcript)
         sentences = 0
         start = clock.now()
+        stream = iter(())
         try:
+            stream = (p for p in (r.fixed,)) if r.fixed else llm.reply(None if r.continuation else r.transcript)
             while sentences < self.cfg.max_sentences:
                 if self.cfg.pace and llm.sim_elapsed_s() is not None:  # on a simulated deployment
                     piece = next(stream, None)  # off the clock: the deployment's time is what it costs
@@ -458,6 +500,12 @@ class VoiceLoop:
                         piece = next(stream, None)
                 if piece is None:
                     break
+                if isinstance(piece, FunctionCallPiece):  # a tool call (a backend's): to the adapter, not to the voice
+                    r.called = True
+                    r.calls.append(piece)
+                    if r.released:
+                        self._flush_calls(r)
+                    continue
                 r.stamp("first_token", clock.now())
                 self._sim_stamp(r, "first_token")
                 chunker.feed(piece)
@@ -468,8 +516,15 @@ class VoiceLoop:
             if sentences < self.cfg.max_sentences:
                 for ph in chunker.flush():
                     yield from self._speak(r, ph.text)
+        except LLMBackendError as e:  # the backend is gone or failed: the turn ends with what was said
+            r.error = str(e)
         finally:
             stream.close()
+
+    def _flush_calls(self, r: _Response) -> None:
+        for piece in r.calls:
+            self._emit(FunctionCallDelta(piece))
+        r.calls.clear()
 
     def _speak(self, r: _Response, text: str):
         clock = self.clock
@@ -501,7 +556,7 @@ class VoiceLoop:
         """Score the speculative transcript (P(the turn is over)) and pick the silence that closes the turn; the
         endpointer gets it after this piece of work (``_apply_stop``)."""
         with self.clock.working():
-            score = self.e.turn_end.score(self.e.llm.context(), r.transcript)
+            score = self.e.turn_end.score(scoring_context(self.e.llm), r.transcript)
         r.stamp("turn_end_score", self.clock.now())
         decision = self.cfg.end_of_turn.decide(score, r.transcript)
         r.end_of_turn = {"p_end": round(score.p_end, 4), "p_token": round(score.p_token, 5), "source": score.source,
@@ -529,8 +584,9 @@ class VoiceLoop:
 
     def _confirmed(self, r: _Response) -> None:
         """``r`` is the answer and its transcript is known: tell the adapter."""
-        self._emit(TranscriptFinal(text=r.transcript))
-        if _has_words(r.transcript) and not r.transcribe_only:
+        if not r.continuation:
+            self._emit(TranscriptFinal(text=r.transcript))
+        if (_has_words(r.transcript) or r.continuation) and not r.transcribe_only:
             self._emit(ResponseStarted())
 
     def _release(self, r: _Response) -> None:
@@ -541,6 +597,7 @@ class VoiceLoop:
         for index, pcm in r.held:
             self._play(r, index, pcm)
         r.held.clear()
+        self._flush_calls(r)
 
     def _play(self, r: _Response, index: int, pcm: np.ndarray) -> None:
         announced = []
@@ -580,6 +637,7 @@ class VoiceLoop:
             self._finish_turn(r, spoken=" ".join(r.phrases), cut_at=None)
 
     def _finish_turn(self, r: _Response, spoken: str, cut_at: float | None, reason: str | None = None) -> None:
+        self._idle_from = max(self.clock.now(), self.playout.cursor)
         tr = self._trace
         for k, v in r.stamps.items():
             tr.mark(k, v)
@@ -593,17 +651,20 @@ class VoiceLoop:
         if r.transcribe_only and _has_words(r.transcript):  # the answer comes when asked for (``respond_text``)
             self._emit(TurnEnded(transcript=r.transcript, spoken="", reason="transcribed", report=None))
             return
-        if not _has_words(r.transcript):  # a noise, a breath, a click: not a user turn
+        if not (_has_words(r.transcript) or r.continuation):  # a noise, a breath, a click: not a user turn
             self.non_speech += 1
             self._emit(TurnEnded(transcript=r.transcript, spoken="", reason=reason, report=None))
             return
-        self.e.llm.commit(r.transcript, spoken)
+        self.e.llm.commit(None if r.continuation else r.transcript, spoken)
+        if r.error is not None and reason is None:
+            reason = "failed"
         self._prepare = True
         project = self.e.project
         report = tr.report(simulated=project(dict(tr.stamps), dict(r.sim), tr.budget_ms) if project and r.sim else None)
         if "last_voiced" in tr.stamps:  # typed turns have no voice-to-voice: kept out of the voice figures
             self.reports.append(report)
-        self._emit(TurnEnded(transcript=r.transcript, spoken=spoken, reason=reason, report=report))
+        self._emit(TurnEnded(transcript=r.transcript, spoken=spoken, reason=reason, report=report, error=r.error,
+                             called=r.called))
         if self.on_report:
             self.on_report(report)
 

@@ -41,6 +41,9 @@ class LoopConfig:
     #: a detected turn is answered (False: it is only transcribed; the adapter asks for the answer, as a Realtime
     #: client does with ``create_response: false`` and ``response.create``)
     create_response: bool = True
+    #: with turn detection, this long (ms) without a turn after the last answer finished playing (or since the loop
+    #: began) makes the loop prompt the user (``IDLE_PROMPT``), as a Realtime ``idle_timeout_ms`` does; None: never
+    idle_timeout_ms: int | None = None
     pace: bool = False  # the answer follows the simulated deployment's clock (see the module docstring)
     #: Semantic end of turn (``voice.turn_end``): at each pause the speculative transcript is scored and the policy picks
     #: the silence that closes the turn (a confident end sooner, an unfinished one later); None: ``endpointer.stop_ms``
@@ -48,21 +51,22 @@ class LoopConfig:
     end_of_turn: TurnEndPolicy | None = field(default_factory=TurnEndPolicy)
 
     def with_turn_detection(self, *, threshold: float, silence_duration_ms: int, prefix_padding_ms: int,
-                            interrupt_response: bool, create_response: bool = True) -> LoopConfig:
+                            interrupt_response: bool, create_response: bool = True,
+                            idle_timeout_ms: int | None = None) -> LoopConfig:
         """The settings for a client's ``server_vad`` turn detection: the threshold (0..1) picks webrtcvad's
         aggressiveness (0..3), the silence duration the end-of-turn silence (kept above the pause, at most
         ``MAX_STOP_MS``), the prefix padding the audio kept before speech for the ASR."""
         ep = replace(self.endpointer, aggressiveness=min(3, int(threshold * 4)),
                      stop_ms=min(MAX_STOP_MS, max(self.endpointer.pause_ms + STOP_OVER_PAUSE_MS, silence_duration_ms)))
         return replace(self, turn_detection=True, barge_in=interrupt_response, endpointer=ep, create_response=create_response,
-                       padding_ms=min(MAX_PADDING_MS, prefix_padding_ms), end_of_turn=None)
+                       padding_ms=min(MAX_PADDING_MS, prefix_padding_ms), end_of_turn=None, idle_timeout_ms=idle_timeout_ms)
 
     def with_semantic_turn_detection(self, *, eagerness: str, interrupt_response: bool,
                                      create_response: bool = True) -> LoopConfig:
         """The settings for a client's ``semantic_vad``: the end-of-turn policy at ``eagerness`` (low, medium, high,
         auto), on the loop's own endpointer settings."""
         return replace(self, turn_detection=True, barge_in=interrupt_response, end_of_turn=TurnEndPolicy.named(eagerness),
-                       create_response=create_response,
+                       create_response=create_response, idle_timeout_ms=None,
                        endpointer=replace(self.endpointer, stop_ms=LoopConfig().endpointer.stop_ms))
 
     def manual(self) -> LoopConfig:

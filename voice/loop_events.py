@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .latency import TurnReport
+from .protocols import FunctionCallPiece
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,22 +55,43 @@ class PhraseStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class FunctionCallDelta:
+    """A piece of a tool call the answer makes (an OpenAI-compatible backend's), once the answer is confirmed; the
+    call's last piece has ``piece.done`` set."""
+
+    piece: FunctionCallPiece
+
+
+@dataclass(frozen=True, slots=True)
+class IdleTimeout:
+    """Nobody spoke from ``start_sample`` (the last answer's end) to ``end_sample`` (``LoopConfig.idle_timeout_ms``): a
+    response prompting the user follows."""
+
+    start_sample: int
+    end_sample: int
+
+
+@dataclass(frozen=True, slots=True)
 class TurnEnded:
     """The turn is over.  ``spoken``: what the user heard of the answer ("" for a turn without words); ``reason``: None
     when the answer played out (or there was none), else why it was stopped ("turn_detected" for a barge-in,
-    "client_cancelled", "client_truncated"); ``report``: None for a turn without words."""
+    "client_cancelled", "client_truncated", "failed" when the LLM backend failed: ``error`` says how); ``report``: None
+    for a turn without words; ``called``: the answer called a tool."""
 
     transcript: str
     spoken: str
     reason: str | None
     report: TurnReport | None
+    error: str | None = None
+    called: bool = False
 
     @property
     def cancelled(self) -> bool:
-        return self.reason is not None
+        return self.reason is not None and self.reason != "failed"
 
 
-LoopEvent = UserSpeechStarted | UserSpeechStopped | TranscriptFinal | ResponseStarted | PhraseStarted | TurnEnded
+LoopEvent = (UserSpeechStarted | UserSpeechStopped | TranscriptFinal | ResponseStarted | PhraseStarted | FunctionCallDelta
+             | IdleTimeout | TurnEnded)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,10 +39,23 @@ class Synthesizer(Protocol):
     def synthesize(self, text: str) -> Iterator[np.ndarray]: ...
 
 
-class TokenStream(Protocol):
-    """A conversation with the LLM: text pieces of the reply to a user turn, as they come."""
+@dataclass(frozen=True, slots=True)
+class FunctionCallPiece:
+    """A piece of a tool call in a reply (OpenAI-compatible backends only): ``delta`` is the new part of its JSON
+    ``arguments`` (all of them so far in ``arguments``); the last piece of a call has ``done`` set."""
 
-    def reply(self, user_text: str) -> Iterator[str]: ...
+    call_id: str
+    name: str
+    delta: str
+    arguments: str
+    done: bool
+
+
+class TokenStream(Protocol):
+    """A conversation with the LLM: text pieces of the reply to a user turn, as they come (and ``FunctionCallPiece``s
+    from a backend that calls tools; ``user_text`` None: go on after a tool's result)."""
+
+    def reply(self, user_text: str | None) -> Iterator[str | FunctionCallPiece]: ...
 
 
 class Conversation(TokenStream, Protocol):

@@ -75,6 +75,12 @@ class TurnEndHead:
         return head
 
 
+def scoring_context(llm) -> list[dict]:
+    """The conversation the end-of-turn score reads the user's text after: the LLM's own context (whose prefix cache
+    the answer then shares), or with a backend only the persona's opening (the local model is just the scorer)."""
+    return getattr(llm, "scoring_context", llm.context)()
+
+
 @dataclass(frozen=True, slots=True)
 class TurnEndScore:
     p_end: float  # P(the turn is over): the head's, or the raw token probability without one

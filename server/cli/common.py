@@ -26,6 +26,13 @@ def voice_flags(sp) -> None:
     sp.add_argument("--budget-ms", type=float, default=500.0, help="voice-to-voice budget per turn (default 500)")
     sp.add_argument("--tts", choices=("piper", "espeak"), default="piper", help="speech synthesizer (default piper)")
     sp.add_argument("--model", default=None, metavar="GGUF", help="LLM GGUF file (default SmolLM2-135M-Instruct)")
+    sp.add_argument("--llm", metavar="URL", default=None,
+                    help="answer with an OpenAI-compatible chat completions backend instead of the local decode core, "
+                         "e.g. http://127.0.0.1:8080/v1 (llama.cpp's server, vLLM, SGLang, a hosted API; streaming "
+                         "required). The key, if it needs one, is read from WAFERVOX_LLM_API_KEY or OPENAI_API_KEY. The "
+                         "local model still scores the end of each turn")
+    sp.add_argument("--llm-model", metavar="NAME", default=None,
+                    help="the model name sent to the --llm backend (default: the backend's own default)")
     sp.add_argument("--no-speculative", action="store_true",
                     help="do not start answering at a pause (turns then end on silence alone: the semantic end of turn "
                          "scores the speculative transcript)")
@@ -110,8 +117,25 @@ def engine_options(args, built, deployed: Deployed):
     from wafer.staged import StagedModel
 
     placement, cost = built
-    return EngineOptions(tts=args.tts, model=args.model,
+    return EngineOptions(tts=args.tts, model=args.model, backend=backend(args),
                          deploy=lambda model: StagedModel(model, placement, cost, deployed.name))
+
+
+def backend(args):
+    """The ``--llm`` backend, or None."""
+    import os
+
+    from voice.openai_llm import Backend
+
+    url = getattr(args, "llm", None)
+    if getattr(args, "llm_model", None) and not url:
+        raise CLIError("--llm-model needs --llm URL")
+    if not url:
+        return None
+    try:
+        return Backend(url, model=args.llm_model, api_key=os.environ.get("WAFERVOX_LLM_API_KEY") or os.environ.get("OPENAI_API_KEY"))
+    except ValueError as e:
+        raise CLIError(str(e)) from None
 
 
 def persona(args):
@@ -124,16 +148,22 @@ def load(args, console, shared: bool = False):
     """The engines for ``args`` (the shared server ones with ``shared``), every turn's decode on the
     chosen deployment and each turn's report carrying its ``simulated`` block; returns (engines, Deployed)."""
     from voice.engines import SharedEngines, load_engines
+    from voice.errors import LLMBackendError
 
     built, deployed = deployment(args)
     pers = persona(args)  # a bad persona file is reported before the slow load
     opts = engine_options(args, built, deployed)
     loader = SharedEngines.load if shared else load_engines
     with console.status("loading engines") as status:
-        engines, times = loader(opts, persona=pers, progress=status.update)
+        try:
+            engines, times = loader(opts, persona=pers, progress=status.update)
+        except LLMBackendError as e:
+            raise CLIError(f"--llm: {e}") from None
     (engines.base if shared else engines).project = deployed.project
     console.print(f"[dim]engines ready: asr {times['asr_ms']:.0f} ms, llm {times['llm_ms']:.0f} ms, "
-                  f"tts {times['tts_ms']:.0f} ms; decode on simulated {deployed.name} ({deployed.tok_s:,.0f} tok/s per user)[/]")
+                  f"tts {times['tts_ms']:.0f} ms; "
+                  + (f"answers from {opts.backend.name} (the local model scores the end of turn)[/]" if opts.backend else
+                     f"decode on simulated {deployed.name} ({deployed.tok_s:,.0f} tok/s per user)[/]"))
     return engines, deployed
 
 

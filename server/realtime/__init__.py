@@ -14,6 +14,7 @@ from .config import DEFAULT_RATE, MAX_RATE, MIN_RATE, SessionConfig, TurnDetecti
 from .events import (
     SERVER_EVENTS,
     ClientEvent,
+    FunctionOutputCreate,
     InputAudioAppend,
     InputAudioClear,
     InputAudioCommit,
@@ -32,7 +33,8 @@ from .events import (
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_RATE", "MAX_RATE", "MIN_RATE", "PCM_DTYPE", "SERVER_EVENTS",
-    "ClientEvent", "IdSource", "InputAudioAppend", "InputAudioClear", "InputAudioCommit", "ItemCreate", "ItemDelete",
+    "ClientEvent", "FunctionOutputCreate",
+    "IdSource", "InputAudioAppend", "InputAudioClear", "InputAudioCommit", "ItemCreate", "ItemDelete",
     "ItemRetrieve", "ItemTruncate",
     "OutputAudioPlayed", "ProtocolError", "ProtocolSession", "ResponseCancel", "ResponseCreate", "ServerEvent",
     "SessionConfig", "SessionLatencyRequest", "SessionUpdate", "TurnDetection",

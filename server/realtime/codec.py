@@ -28,10 +28,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from .config import FieldError, SessionConfig, apply_session_update, nonneg, read
+from .config import FieldError, SessionConfig, apply_session_update, nonneg, read, tool_choice
 from .events import (
     SERVER_EVENTS,
     ClientEvent,
+    FunctionOutputCreate,
     InputAudioAppend,
     InputAudioClear,
     InputAudioCommit,
@@ -121,10 +122,17 @@ def invalid_unicode(value, path: str = "") -> str | None:
 # --------------------------------------------------------------------------- client message bodies
 
 
-def _text_item(msg: dict, ids: Callable[[str], str], event_id: str | None) -> ItemCreate:
+def _text_item(msg: dict, ids: Callable[[str], str], event_id: str | None) -> ItemCreate | FunctionOutputCreate:
     item = read(msg, "item", dict, "", required=True)
-    if read(item, "type", str, "item") not in (None, "message"):
-        raise FieldError("unsupported_item", f"item type '{item['type']}' is not supported (only 'message')", "item.type")
+    kind = read(item, "type", str, "item")
+    if kind == "function_call_output":
+        return FunctionOutputCreate(event_id=event_id, item_id=read(item, "id", str, "item") or ids("item"),
+                                    call_id=read(item, "call_id", str, "item", required=True),
+                                    output=read(item, "output", str, "item", required=True),
+                                    previous_item_id=read(msg, "previous_item_id", str, ""))
+    if kind not in (None, "message"):
+        raise FieldError("unsupported_item", f"item type '{item['type']}' is not supported (only 'message' and "
+                         "'function_call_output')", "item.type")
     role = read(item, "role", str, "item", required=True)
     if role != "user":
         raise FieldError("unsupported_item", f"item role '{role}' is not supported (only 'user' text messages)", "item.role")
@@ -208,7 +216,7 @@ class ProtocolSession:
             raise FieldError("invalid_audio", f"field 'audio' is {e}", "audio") from None
         return InputAudioAppend(event_id=event_id, samples=samples, rate=self.config.input_rate)
 
-    def _item_create(self, msg: dict, event_id: str | None) -> ItemCreate:
+    def _item_create(self, msg: dict, event_id: str | None) -> ItemCreate | FunctionOutputCreate:
         ev = _text_item(msg, self.ids, event_id)
         self.last_item_id = ev.item_id
         return ev
@@ -224,7 +232,9 @@ class ProtocolSession:
                     raise FieldError("invalid_value", "field 'response.metadata' maps keys of up to 64 characters to strings "
                                      f"of up to 512 (key {k[:64]!r})", "response.metadata")
             meta = tuple(meta.items())
-        return ResponseCreate(event_id=event_id, instructions=read(params, "instructions", str, "response"), metadata=meta)
+        choice = tool_choice(params["tool_choice"], "response.tool_choice") if "tool_choice" in params else None
+        return ResponseCreate(event_id=event_id, instructions=read(params, "instructions", str, "response"), metadata=meta,
+                              tool_choice=choice)
 
     def _truncate(self, msg: dict, event_id: str | None) -> ItemTruncate:
         return ItemTruncate(event_id=event_id, item_id=read(msg, "item_id", str, "", required=True),
@@ -289,6 +299,10 @@ class ProtocolSession:
     def cleared(self) -> ServerEvent:
         return self.build("input_audio_buffer.cleared")
 
+    def timeout_triggered(self, audio_start_ms: int, audio_end_ms: int, item_id: str) -> ServerEvent:
+        return self.build("input_audio_buffer.timeout_triggered", audio_start_ms=int(audio_start_ms), audio_end_ms=int(audio_end_ms),
+                          item_id=item_id)
+
     def transcription_completed(self, item_id: str, transcript: str, audio_seconds: float, content_index: int = 0) -> ServerEvent:
         return self.build("conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=content_index,
                           transcript=transcript, usage={"type": "duration", "seconds": float(audio_seconds)})
@@ -329,16 +343,23 @@ class ProtocolSession:
                           output_index=output_index, content_index=content_index, transcript=transcript)
 
     def response_done(self, response_id: str, item_id: str | None, transcript: str = "", *, cancelled: bool = False,
-                      reason: str = "client_cancelled", metadata: dict | None = None, usage: dict | None = None) -> ServerEvent:
-        """``status`` completed, or cancelled with ``reason`` ('client_cancelled' or 'turn_detected' for barge-in).
-        ``item_id`` None: the response produced no item."""
-        output = []
-        if item_id is not None:
-            output = [self.assistant_item(item_id, transcript, "incomplete" if cancelled else "completed")]
-            self.last_item_id = item_id
-        details = {"type": "cancelled", "reason": reason} if cancelled else None
-        return self.build("response.done", response=self._response(response_id, "cancelled" if cancelled else "completed", output,
-                                                                   details, metadata, usage))
+                      reason: str = "client_cancelled", metadata: dict | None = None, usage: dict | None = None,
+                      output: list[dict] | None = None, error: str | None = None) -> ServerEvent:
+        """``status`` completed, cancelled with ``reason`` ('client_cancelled' or 'turn_detected' for barge-in), or
+        failed with ``error`` (the LLM backend's).  ``output``: the response's items as they are now; by default the
+        assistant item ``item_id`` with ``transcript`` (``item_id`` None: the response produced no item)."""
+        if output is None:
+            output = [] if item_id is None else [self.assistant_item(item_id, transcript, "incomplete" if cancelled else "completed")]
+        if output:
+            self.last_item_id = output[-1]["id"]
+        if error is not None:
+            status, details = "failed", {"type": "failed", "error": {"type": "server_error", "code": "llm_backend_failed",
+                                                                     "message": error}}
+        elif cancelled:
+            status, details = "cancelled", {"type": "cancelled", "reason": reason}
+        else:
+            status, details = "completed", None
+        return self.build("response.done", response=self._response(response_id, status, output, details, metadata, usage))
 
     # ---- the item lifecycle
 
@@ -357,6 +378,27 @@ class ProtocolSession:
         content = [] if transcript is None else [{"type": "output_audio", "transcript": transcript}]
         return {"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant", "status": status,
                 "content": content}
+
+    @staticmethod
+    def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
+        """A ``function_call`` ``realtime.item`` (a tool call the answer makes)."""
+        return {"id": item_id, "object": "realtime.item", "type": "function_call", "status": status, "call_id": call_id,
+                "name": name, "arguments": arguments}
+
+    @staticmethod
+    def function_output_item(item_id: str, call_id: str, output: str) -> dict:
+        """A ``function_call_output`` ``realtime.item`` (a tool's result, from the client)."""
+        return {"id": item_id, "object": "realtime.item", "type": "function_call_output", "status": "completed",
+                "call_id": call_id, "output": output}
+
+    def arguments_delta(self, response_id: str, item_id: str, output_index: int, call_id: str, delta: str) -> ServerEvent:
+        return self.build("response.function_call_arguments.delta", response_id=response_id, item_id=item_id,
+                          output_index=output_index, call_id=call_id, delta=delta)
+
+    def arguments_done(self, response_id: str, item_id: str, output_index: int, call_id: str, name: str,
+                       arguments: str) -> ServerEvent:
+        return self.build("response.function_call_arguments.done", response_id=response_id, item_id=item_id,
+                          output_index=output_index, call_id=call_id, name=name, arguments=arguments)
 
     def item_added(self, item: dict, previous_item_id: str | None) -> ServerEvent:
         return self.build("conversation.item.added", previous_item_id=previous_item_id, item=item)

@@ -63,6 +63,8 @@ class SessionConfig:
     #: function tools as the client declared them (``{"type": "function", "name", "description", "parameters"}``);
     #: echoed back; the local model cannot call them (the session says so with an error event)
     tools: tuple[dict, ...] = ()
+    #: "auto", "none", "required", or ``{"type": "function", "name": ...}``
+    tool_choice: str | dict = "auto"
 
     def to_dict(self) -> dict:
         """The ``session`` object of ``session.created`` / ``session.updated`` (RealtimeSessionCreateRequest)."""
@@ -77,6 +79,7 @@ class SessionConfig:
                 "output": self.output_format(),
             },
             **({"tools": [dict(t) for t in self.tools]} if self.tools else {}),
+            "tool_choice": dict(self.tool_choice) if isinstance(self.tool_choice, dict) else self.tool_choice,
         }
 
     def output_format(self) -> dict:
@@ -211,7 +214,19 @@ def apply_session_update(msg: dict, cfg: SessionConfig) -> tuple[SessionConfig, 
         ch["voice"] = _voice(out["voice"], "session.audio.output.voice")
     if (tools := read(s, "tools", list, "session")) is not None:
         ch["tools"] = tuple(_tool(t, f"session.tools[{i}]") for i, t in enumerate(tools))
+    if "tool_choice" in s:
+        ch["tool_choice"] = tool_choice(s["tool_choice"], "session.tool_choice")
     return replace(cfg, **ch), frozenset(ch)
+
+
+def tool_choice(v: Any, path: str) -> str | dict:
+    """A Realtime ``tool_choice``: "auto", "none", "required", or a function by name."""
+    if v in ("auto", "none", "required"):
+        return v
+    if isinstance(v, dict) and v.get("type") == "function" and isinstance(v.get("name"), str) and v["name"]:
+        return {"type": "function", "name": v["name"]}
+    raise FieldError("invalid_value", f"field '{path}' must be 'auto', 'none', 'required' or {{\"type\": \"function\", "
+                     "\"name\": ...}", path)
 
 
 def _tool(t: Any, path: str) -> dict:

@@ -67,11 +67,24 @@ class ItemCreate:
 
 
 @dataclass(frozen=True, slots=True)
+class FunctionOutputCreate:
+    """A tool's result (``conversation.item.create`` of a ``function_call_output`` item)."""
+
+    TYPE: ClassVar[str] = "conversation.item.create"
+    event_id: str | None
+    item_id: str
+    call_id: str
+    output: str
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ResponseCreate:
     TYPE: ClassVar[str] = "response.create"
     event_id: str | None
-    instructions: str | None  # per-response override (not supported: the session says so); other params are ignored
+    instructions: str | None  # this response's instructions instead of the session's; other params are ignored
     metadata: tuple[tuple[str, str], ...] | None = None  # echoed in the response object (pairs: the event is frozen)
+    tool_choice: str | dict | None = None  # this response's, instead of the session's
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +148,9 @@ class ProtocolError:
     type: str = "invalid_request_error"
 
 
-ClientEvent: TypeAlias = (SessionUpdate | InputAudioAppend | InputAudioCommit | InputAudioClear | ItemCreate | ResponseCreate
-                          | ResponseCancel | ItemTruncate | ItemRetrieve | ItemDelete | OutputAudioPlayed | SessionLatencyRequest)
+ClientEvent: TypeAlias = (SessionUpdate | InputAudioAppend | InputAudioCommit | InputAudioClear | ItemCreate | FunctionOutputCreate
+                          | ResponseCreate | ResponseCancel | ItemTruncate | ItemRetrieve | ItemDelete | OutputAudioPlayed
+                          | SessionLatencyRequest)
 
 
 # --------------------------------------------------------------------------- server events
@@ -151,6 +165,7 @@ SERVER_EVENTS: dict[str, tuple[str, ...]] = {
     "input_audio_buffer.speech_stopped": ("audio_end_ms", "item_id"),
     "input_audio_buffer.committed": ("item_id", "previous_item_id"),
     "input_audio_buffer.cleared": (),
+    "input_audio_buffer.timeout_triggered": ("audio_start_ms", "audio_end_ms", "item_id"),  # turn_detection.idle_timeout_ms
     # usage, required by openai: {"type": "duration", "seconds": ...}
     "conversation.item.input_audio_transcription.completed": ("item_id", "content_index", "transcript", "usage"),
     # the item lifecycle: a realtime.item object (``item``) as it is added, and again when it is done
@@ -167,6 +182,9 @@ SERVER_EVENTS: dict[str, tuple[str, ...]] = {
     "response.output_audio.done": _PART,
     "response.output_audio_transcript.delta": (*_PART, "delta"),
     "response.output_audio_transcript.done": (*_PART, "transcript"),
+    # a function_call item's arguments, as they stream (an OpenAI-compatible backend's tool call)
+    "response.function_call_arguments.delta": ("response_id", "item_id", "output_index", "call_id", "delta"),
+    "response.function_call_arguments.done": ("response_id", "item_id", "output_index", "call_id", "name", "arguments"),
     "response.done": ("response",),
     "conversation.item.truncated": ("item_id", "content_index", "audio_end_ms"),
     "error": ("error",),  # RealtimeError: type, code, message, param, event_id (the client's)

@@ -46,6 +46,9 @@ OPENAI_MODELS = {
     "response.output_item.done": rt.ResponseOutputItemDoneEvent,
     "response.content_part.added": rt.ResponseContentPartAddedEvent,
     "response.content_part.done": rt.ResponseContentPartDoneEvent,
+    "input_audio_buffer.timeout_triggered": rt.InputAudioBufferTimeoutTriggered,
+    "response.function_call_arguments.delta": rt.ResponseFunctionCallArgumentsDeltaEvent,
+    "response.function_call_arguments.done": rt.ResponseFunctionCallArgumentsDoneEvent,
 }
 
 
@@ -102,8 +105,20 @@ def test_every_server_event_validates_with_openai_models():
              proto.content_part_added("resp_1", "item_a"), proto.content_part_done("resp_1", "item_a", "It is noon."),
              proto.output_item_done("resp_1", spoken), proto.item_done(spoken, "item_t"), proto.item_retrieved(spoken),
              proto.item_deleted("item_a")]
+    call = proto.function_call_item("item_c", "call_1", "get_weather", "", "in_progress")
+    called = proto.function_call_item("item_c", "call_1", "get_weather", '{"city": "Paris"}', "completed")
+    result = proto.function_output_item("item_o", "call_1", '{"sky": "sunny"}')
+    items += [proto.output_item_added("resp_2", call), proto.item_added(call, "item_a"),
+              proto.arguments_delta("resp_2", "item_c", 0, "call_1", '{"city": "Paris"}'),
+              proto.arguments_done("resp_2", "item_c", 0, "call_1", "get_weather", '{"city": "Paris"}'),
+              proto.output_item_done("resp_2", called), proto.item_done(called, "item_a"), proto.item_added(result, "item_c"),
+              proto.response_done("resp_2", None, output=[called]), proto.timeout_triggered(1200, 6200, "item_i"),
+              proto.response_done("resp_3", "item_b", "We", error="the LLM backend at http://x/v1 stopped mid-answer")]
     covered = {validate(ev).type for ev in evs + items}
     assert covered == set(OPENAI_MODELS) == set(P.SERVER_EVENTS) - {"turn.latency", "session.latency"}  # less our extensions
+    failed = validate(items[-1]).response
+    assert failed.status == "failed" and failed.status_details.error.code == "llm_backend_failed"
+    assert validate(items[-3]).response.output[0].type == "function_call"
     done = validate(evs[-5])
     assert done.response.status == "cancelled" and done.response.status_details.reason == "turn_detected"
     assert done.response.output[0].content[0].transcript == "It is"

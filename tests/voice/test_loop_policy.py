@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from voice.audio import AudioChunk, chunks
 from voice.clock import RealClock, VirtualClock
-from voice.loop import Engines, LoopConfig, VoiceLoop, run_stream, run_until
+from voice.errors import LLMBackendError
+from voice.loop import IDLE_PROMPT, Engines, LoopConfig, VoiceLoop, run_stream, run_until
 from voice.loop_events import (
     BargeIn,
+    FunctionCallDelta,
+    IdleTimeout,
     LoopEvent,
     PhraseStarted,
     ResponseStarted,
@@ -29,7 +33,7 @@ from voice.loop_events import (
     UserSpeechStopped,
 )
 from voice.playout import Playout
-from voice.protocols import ASR_RATE, Transcript
+from voice.protocols import ASR_RATE, FunctionCallPiece, Transcript
 from voice.turns import TurnState
 from voice.vad import EarlyPause, EarlyResume, Pause, SpeechResumed, SpeechStarted, SpeechStopped
 
@@ -656,3 +660,81 @@ def test_a_paced_wait_is_idle_time_for_the_driver():
     assert due == _approx(s.clock.now() + 0.3) and s.sink.calls == []
     run_until(s.loop, due + 0.001)
     assert s.loop.wake_at() == _approx(due + 0.1)  # the next word's time
+
+
+# -- tools, a failing backend and the idle timeout (the loop's side; the wire's is in tests/server) -------------------
+
+
+class CallingConversation(ScriptedConversation):
+    """Stand-in backend LLM: calls ``get_weather`` for the question (in two pieces), answers from the result after it
+    (``reply(None)``), and fails mid-answer for "Fail?"."""
+
+    def reply(self, user_text):
+        self.opened.append(user_text)
+        self.clock.spend(0.04)
+        if user_text == "Fail?":
+            yield "Well, the"
+            raise LLMBackendError("the LLM backend at http://127.0.0.1:1/v1 stopped mid-answer: reset")
+        if user_text is None:
+            yield "It is sunny."
+            return
+        yield FunctionCallPiece("call_1", "get_weather", '{"city": ', '{"city": ', False)
+        yield FunctionCallPiece("call_1", "get_weather", '"Paris"}', '{"city": "Paris"}', False)
+        yield FunctionCallPiece("call_1", "get_weather", "", '{"city": "Paris"}', True)
+
+
+def test_a_tool_call_reaches_the_adapter_once_released_and_the_answer_goes_on_after_its_result():
+    s = Scene()
+    s.llm = CallingConversation(s.clock, {})
+    s.loop.e = replace(s.loop.e, llm=s.llm)
+    s.at(STARTED.sample, STARTED)
+    s.at(PAUSED.sample, PAUSED)  # the speculative reply calls the tool: held back like audio
+    s.silence_until(STOPPED.sample)
+    assert not [e for e in s.events if isinstance(e, FunctionCallDelta)]
+    s.loop.on_vad(STOPPED)
+    s.loop.finish()
+    calls = [e.piece for e in s.events if isinstance(e, FunctionCallDelta)]
+    assert [p.delta for p in calls] == ['{"city": ', '"Paris"}', ""] and calls[-1].done
+    assert s.kinds().index("ResponseStarted") < s.kinds().index("FunctionCallDelta")
+    end = s.events[-1]
+    assert isinstance(end, TurnEnded) and end.called and end.spoken == "" and end.reason is None
+    assert s.loop.respond_text(None)  # the client sent the tool's result, then response.create
+    s.loop.finish()
+    end = s.events[-1]
+    assert end.spoken == "It is sunny." and s.llm.opened == [QUESTION, None]
+    assert s.llm.commits == [(QUESTION, ""), (None, "It is sunny.")]
+    assert "TranscriptFinal" not in s.kinds()[s.kinds().index("TurnEnded"):]  # a continuation has no transcript
+
+
+def test_a_backend_failing_mid_answer_ends_the_turn_with_its_error():
+    s = Scene()
+    s.loop.e = replace(s.loop.e, llm=CallingConversation(s.clock, {}))
+    assert s.loop.respond_text("Fail?")
+    s.loop.finish()
+    end = s.events[-1]
+    assert isinstance(end, TurnEnded) and end.reason == "failed" and not end.cancelled
+    assert end.spoken == "Well," and "stopped mid-answer" in end.error
+    assert s.loop.respond_text(None)  # the loop goes on
+    s.loop.finish()
+    assert s.events[-1].spoken == "It is sunny."
+
+
+def test_idle_timeout_prompts_the_silent_user_once_per_answer():
+    s = Scene(config=replace(LoopConfig(), idle_timeout_ms=5000))
+    s.silence_until(ASR_RATE * 4)
+    assert s.events == []
+    s.silence_until(ASR_RATE * 6)
+    idle = [e for e in s.events if isinstance(e, IdleTimeout)]
+    assert len(idle) == 1 and idle[0].start_sample == 0 and abs(idle[0].end_sample - 5 * ASR_RATE) <= 320
+    assert "ResponseStarted" in s.kinds() and s.llm.opened == []  # a set phrase, not the LLM's
+    s.loop.finish()
+    end = s.events[-1]
+    assert end.spoken == IDLE_PROMPT and s.llm.commits == [(None, IDLE_PROMPT)]
+    played_out = s.loop.playout.cursor
+    s.silence_until(int((played_out + 4.5) * ASR_RATE))
+    assert len([e for e in s.events if isinstance(e, IdleTimeout)]) == 1  # counts from the prompt's end
+    s.silence_until(int((played_out + 5.2) * ASR_RATE))
+    assert len([e for e in s.events if isinstance(e, IdleTimeout)]) == 2
+    quiet = Scene()  # no idle timeout by default
+    quiet.silence_until(ASR_RATE * 40)
+    assert quiet.events == []
