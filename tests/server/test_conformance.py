@@ -214,3 +214,38 @@ def test_create_response_false_waits_for_response_create(server):
     assert done["status"] == "completed" and done["output"][0]["content"][0]["transcript"]
     info = turn_info()
     assert transcript and any(k.lower() in done["output"][0]["content"][0]["transcript"].lower() for k in info["keywords"])
+
+
+def test_idle_timeout_prompts_a_silent_user(server):
+    """``turn_detection.idle_timeout_ms`` (server_vad): nobody speaks for that long after the session began (or the last
+    answer played): ``input_audio_buffer.timeout_triggered``, the silent audio committed as an empty user item, and a
+    response prompting the user; it then counts again from that response's end."""
+    silence = np.zeros(2400, np.int16)  # 100 ms
+
+    async def go():
+        async with websockets.connect(server.url("/v1/realtime"), additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+            c = StrictClient(ws)
+            await c.until(lambda e: e["type"] == "session.created")
+            await c.send(type="session.update", session={"type": "realtime", "audio": {"input": {
+                "turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}})
+            upd = (await c.until(lambda e: e["type"] in ("session.updated", "error")))[-1]
+            start = len(c.frames)
+            for _ in range(80):  # 8 s of silence, in real time
+                await c.send(type="input_audio_buffer.append", audio=b64(silence))
+                await c.quiet(0.1)  # (what arrives goes into c.frames)
+                if any(e["type"] == "response.done" for e in c.frames[start:]):
+                    break
+            return upd, c.frames[start:]
+
+    upd, got = run(go(), 120)
+    assert upd["session"]["audio"]["input"]["turn_detection"]["idle_timeout_ms"] == 5000
+    types = _types(got)
+    assert types.count("input_audio_buffer.timeout_triggered") == 1, types
+    t = got[types.index("input_audio_buffer.timeout_triggered")]
+    assert 4500 <= t["audio_end_ms"] - t["audio_start_ms"] <= 6000
+    committed = got[types.index("input_audio_buffer.committed")]
+    assert committed["item_id"] == t["item_id"]
+    assert types.index("input_audio_buffer.timeout_triggered") < types.index("response.created")
+    done = got[-1]["response"]
+    assert done["status"] == "completed" and done["output"][0]["content"][0]["transcript"] == "Are you still there?"
+    assert "response.output_audio.delta" in types
