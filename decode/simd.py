@@ -471,3 +471,52 @@ def fhsum(typingctx, v):
         return builder.extract_element(x, ir.Constant(_I32, 0))
 
     return types.float32(F32x16), codegen
+
+
+@intrinsic
+def fsum16(typingctx, arr, index):
+    """Lane ``p`` = ``fhsum`` of the ``p``-th of the 16 vectors stored in float32 array ``arr`` from (flat) element
+    ``index`` (vector ``p`` at ``index + 16 p``): the same pairwise tree per vector, run on all 16 at once by
+    shuffling pairs of vectors together (15 adds instead of 64), so each lane's adds are ``fhsum``'s, in its order."""
+    if not isinstance(arr, types.Array) or arr.layout != "C" or arr.dtype != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        base = _element_ptr(context, builder, sig.args[0], args[0], args[1])
+        xs = [builder.load(builder.bitcast(builder.gep(base, [ir.Constant(ir.IntType(64), 16 * i)]), _F16.as_pointer()), align=4)
+              for i in range(16)]
+        for w in (8, 4, 2, 1):
+            groups = 16 // (2 * w)  # groups of 2w lanes in each input vector, one position each
+            lo = [(m >= groups) * 16 + 2 * w * (m % groups) + t for m in range(2 * groups) for t in range(w)]
+            hi = [i + w for i in lo]
+            xs = [builder.fadd(builder.shuffle_vector(a, b, ir.Constant(_V16, lo)), builder.shuffle_vector(a, b, ir.Constant(_V16, hi)))
+                  for a, b in zip(xs[0::2], xs[1::2], strict=True)]
+        return xs[0]
+
+    return F32x16(arr, types.intp), codegen
+
+
+@intrinsic
+def fmax(typingctx, a, b):
+    """Lane-wise larger of ``a`` and ``b`` (``b`` where they are equal or unordered)."""
+    def codegen(context, builder, sig, args):
+        return builder.select(builder.fcmp_ordered(">", args[0], args[1]), args[0], args[1])
+
+    return F32x16(F32x16, F32x16), codegen
+
+
+@intrinsic
+def fhmax(typingctx, v):
+    """The largest lane of ``v`` (exact: a maximum does not depend on the order)."""
+    if v != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = args[0]
+        undef = ir.Constant(_F16, ir.Undefined)
+        for w in (8, 4, 2, 1):
+            y = builder.shuffle_vector(x, undef, ir.Constant(_V16, [j + w if j < w else j for j in range(16)]))
+            x = builder.select(builder.fcmp_ordered(">", x, y), x, y)
+        return builder.extract_element(x, ir.Constant(_I32, 0))
+
+    return types.float32(F32x16), codegen

@@ -77,6 +77,102 @@ def _head64(q, qo, kc, vc, kvo, n, scale, out, scores):
     simd.fstore(out, qo + 48, simd.fmul(a3, iv))
 
 
+#: Fewest (row, KV head) tasks for which ``cache_attend`` gives each task a whole group of query heads (below it, a
+#: decode step's few tasks would leave a core idle: a task per head instead, with the same numbers).
+GROUP_TASKS = 12
+#: Positions scored per block in ``_group64``: their dot products are summed across lanes together (``simd.fsum16``).
+BLOCK = 16
+
+
+@njit(inline="always", error_model="numpy", **_JIT)
+def _values3(w, vc, kvo, n, inv, out, qo):
+    """``_group64``'s weighted sums of V for three heads at once (weights ``w[h, :n]``, scaled by ``inv[h]``): the
+    twelve accumulators stay in registers and each position's V is widened once; every head's adds are
+    ``_head64``'s, in its order."""
+    kv = vc.shape[1]
+    z = simd.fsplat(np.float32(0.0))
+    a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3 = z, z, z, z, z, z, z, z, z, z, z, z
+    wa, wb, wc = w[0], w[1], w[2]
+    for p in range(n):
+        base = p * kv + kvo
+        v0, v1 = simd.fhalves(vc, base), simd.fhalves(vc, base + 16)
+        v2, v3 = simd.fhalves(vc, base + 32), simd.fhalves(vc, base + 48)
+        x = simd.fsplat(wa[p])
+        a0, a1 = simd.fadd(a0, simd.fmul(x, v0)), simd.fadd(a1, simd.fmul(x, v1))
+        a2, a3 = simd.fadd(a2, simd.fmul(x, v2)), simd.fadd(a3, simd.fmul(x, v3))
+        x = simd.fsplat(wb[p])
+        b0, b1 = simd.fadd(b0, simd.fmul(x, v0)), simd.fadd(b1, simd.fmul(x, v1))
+        b2, b3 = simd.fadd(b2, simd.fmul(x, v2)), simd.fadd(b3, simd.fmul(x, v3))
+        x = simd.fsplat(wc[p])
+        c0, c1 = simd.fadd(c0, simd.fmul(x, v0)), simd.fadd(c1, simd.fmul(x, v1))
+        c2, c3 = simd.fadd(c2, simd.fmul(x, v2)), simd.fadd(c3, simd.fmul(x, v3))
+    for h, (r0, r1, r2, r3) in enumerate(((a0, a1, a2, a3), (b0, b1, b2, b3), (c0, c1, c2, c3))):
+        iv = simd.fsplat(inv[h])
+        o = qo + h * 64
+        simd.fstore(out, o, simd.fmul(r0, iv))
+        simd.fstore(out, o + 16, simd.fmul(r1, iv))
+        simd.fstore(out, o + 32, simd.fmul(r2, iv))
+        simd.fstore(out, o + 48, simd.fmul(r3, iv))
+
+
+# Not inlined, like ``_head``: every caller runs this one compiled function.
+@njit(error_model="numpy", **_JIT)
+def _group64(q, qo, group, kc, vc, kvo, n, scale, out):
+    """``_head64`` for the ``group`` query heads at ``q[qo:]`` (64 wide, consecutive) that share the KV head at
+    columns ``kvo .. kvo + 64``, with the same numbers: each position's K is widened once for the group, and the
+    dot products' lanes are summed 16 positions at a time (``simd.fsum16``, ``fhsum``'s adds in its order) with the
+    scale and the running maximum on vectors.  A head's numbers depend only on its q and the cache, never on the
+    other heads of the group or on other rows."""
+    kv = kc.shape[1]
+    nb = (n + BLOCK - 1) // BLOCK
+    scores = np.empty((group, nb * BLOCK), np.float32)
+    dots = np.empty((group, BLOCK * LANES), np.float32)  # a block's per-position lane products, per head
+    best = np.empty((group, LANES), np.float32)
+    vscale = simd.fsplat(scale)
+    for h in range(group):
+        simd.fstore(best[h], 0, simd.fsplat(np.float32(-np.inf)))
+    for b in range(nb):
+        p0 = b * BLOCK
+        for i in range(BLOCK):
+            base = min(p0 + i, n - 1) * kv + kvo  # past the end: the last position again (its score is a duplicate)
+            k0, k1 = simd.fhalves(kc, base), simd.fhalves(kc, base + 16)
+            k2, k3 = simd.fhalves(kc, base + 32), simd.fhalves(kc, base + 48)
+            for h in range(group):
+                o = qo + h * 64
+                a = simd.fmul(simd.fload(q, o), k0)  # (_head64 adds it to +0.0 first: the same score once summed)
+                a = simd.fadd(a, simd.fmul(simd.fload(q, o + 16), k1))
+                a = simd.fadd(a, simd.fmul(simd.fload(q, o + 32), k2))
+                a = simd.fadd(a, simd.fmul(simd.fload(q, o + 48), k3))
+                simd.fstore(dots[h], i * LANES, a)
+        for h in range(group):
+            sc = simd.fmul(simd.fsum16(dots[h], 0), vscale)
+            simd.fstore(scores[h], p0, sc)
+            simd.fstore(best[h], 0, simd.fmax(simd.fload(best[h], 0), sc))
+    inv = np.empty(group, np.float32)
+    for h in range(group):
+        inv[h] = np.float32(1.0) / _softmax_weights(scores[h], n, simd.fhmax(simd.fload(best[h], 0)))
+    if group == 3:  # (SmolLM2, Llama 3.2 3B) each position's V widened once for the three heads
+        _values3(scores, vc, kvo, n, inv, out, qo)
+        return
+    zero = simd.fsplat(np.float32(0.0))
+    for h in range(group):
+        sh = scores[h]
+        a0, a1, a2, a3 = zero, zero, zero, zero
+        for p in range(n):
+            wgt = simd.fsplat(sh[p])
+            base = p * kv + kvo
+            a0 = simd.fadd(a0, simd.fmul(wgt, simd.fhalves(vc, base)))
+            a1 = simd.fadd(a1, simd.fmul(wgt, simd.fhalves(vc, base + 16)))
+            a2 = simd.fadd(a2, simd.fmul(wgt, simd.fhalves(vc, base + 32)))
+            a3 = simd.fadd(a3, simd.fmul(wgt, simd.fhalves(vc, base + 48)))
+        iv = simd.fsplat(inv[h])
+        o = qo + h * 64
+        simd.fstore(out, o, simd.fmul(a0, iv))
+        simd.fstore(out, o + 16, simd.fmul(a1, iv))
+        simd.fstore(out, o + 32, simd.fmul(a2, iv))
+        simd.fstore(out, o + 48, simd.fmul(a3, iv))
+
+
 # Not inlined: every caller (any batch size, one cache or several) runs this one compiled
 # function, so a row's result cannot depend on where it was called from.  No fast-math: the
 # sums run 16 lanes wide on ``simd``'s vectors, whose order is the source's, so the numbers do
@@ -143,6 +239,22 @@ def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n
             vc[pos, j] = simd.half_bits(qkv[r, qd + kv + j])
     group = n_heads // n_kv_heads
     scale = np.float32(1.0 / math.sqrt(head_dim))
+    if head_dim == 4 * LANES:
+        if B * n_kv_heads >= GROUP_TASKS:  # a task per row and KV head: its query heads read the cache once
+            for task in prange(B * n_kv_heads):
+                r = task // n_kv_heads
+                g = task % n_kv_heads
+                c = r if n_caches > 1 else 0
+                _group64(qkv[r], g * group * head_dim, group, k_caches[c][layer], v_caches[c][layer], g * head_dim,
+                         positions[r] + 1, scale, att[r])
+        else:  # few rows (a decode step): a task per head, so the threads share the work evenly (the same numbers)
+            for task in prange(B * n_heads):
+                r = task // n_heads
+                h = task % n_heads
+                c = r if n_caches > 1 else 0
+                _group64(qkv[r], h * head_dim, 1, k_caches[c][layer], v_caches[c][layer], (h // group) * head_dim,
+                         positions[r] + 1, scale, att[r])
+        return
     for task in prange(B * n_heads):
         r = task // n_heads
         h = task % n_heads

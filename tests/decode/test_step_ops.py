@@ -131,3 +131,41 @@ def test_other_head_widths_take_the_general_path(head_dim):
         np.testing.assert_array_equal(kcs[r][0, pos], half(qkv[r, qd:qd + kv]))
         want = attention_ref(qkv[r, :qd], kcs[r][0], vcs[r][0], pos + 1, n_heads, n_kv, head_dim)
         np.testing.assert_allclose(att[r], want, rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_attention_gives_head64s_numbers_bit_for_bit():
+    """``_group64`` (a KV head's query heads together, 16 positions summed at once) against ``_head`` one head at a
+    time: the same float32 bits, for groups of 1, 3 and 4 heads and for lengths around the 16-position blocks; and
+    through ``cache_attend``, a sequence's rows (a task per row and KV head) give what each gets alone (a task per
+    head)."""
+    from numba import njit
+
+    from decode.step_ops import GROUP_TASKS, _group64, _head
+
+    @njit
+    def per_head(q, kc, vc, n, scale, out, n_heads, group):
+        for h in range(n_heads):
+            _head(q, h * 64, kc, vc, (h // group) * 64, n, 64, scale, out)
+
+    @njit
+    def grouped(q, kc, vc, n, scale, out, n_heads, group):
+        for g in range(n_heads // group):
+            _group64(q, g * group * 64, group, kc, vc, g * 64, n, scale, out)
+
+    rng = np.random.default_rng(7)
+    for group, n_kv in ((1, 2), (3, 3), (4, 2)):
+        n_heads = group * n_kv
+        kc, vc = (half(rng.standard_normal((200, n_kv * 64)) * 3) for _ in range(2))
+        for n in (1, 15, 16, 17, 33, 200):
+            q = (rng.standard_normal(n_heads * 64) * 2).astype(np.float32)
+            a, b = np.zeros(n_heads * 64, np.float32), np.ones(n_heads * 64, np.float32)
+            per_head(q, kc, vc, n, np.float32(0.125), a, n_heads, group)
+            grouped(q, kc, vc, n, np.float32(0.125), b, n_heads, group)
+            assert np.array_equal(a.view(np.int32), b.view(np.int32)), (group, n)
+    rows = GROUP_TASKS // N_KV + 1  # enough rows for a task per KV head
+    qkv = rng.standard_normal((rows, QD + 2 * KV), dtype=np.float32)
+    kcs, vcs = ((half(rng.standard_normal((LAYERS, CTX, KV), dtype=np.float32)),) for _ in range(2))
+    together = run(qkv.copy(), kcs, vcs, np.arange(10, 10 + rows))
+    for r in range(rows):
+        alone = run(qkv[r:r + 1].copy(), kcs, vcs, np.array([10 + r]))
+        assert np.array_equal(together[r].view(np.int32), alone[0].view(np.int32)), r
