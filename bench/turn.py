@@ -1,6 +1,6 @@
 """Voice-to-voice latency of the whole pipeline, replaying every sample conversation in real time.
 
-    .venv/bin/python bench/turn.py [--fast] [--budget-ms 500] [--json FILE]
+    .venv/bin/python bench/turn.py [--fast] [--budget-ms 500] [--json FILE] [--llm URL | --vs-llama-server]
 
 Each conversation of samples/manifest.json (the default one is a copy and is skipped)
 plays at real-time pace through the default engines (webrtcvad, Whisper tiny.en, the
@@ -9,6 +9,8 @@ numba LLM, piper), exactly as ``wafervox run`` does, with the semantic end of tu
 voice_to_voice_ms, the budget hit rate, and p50/p95 as ratios of the budget (the limit
 this project holds itself to); then the critical path's own work (ASR, end-of-turn score,
 ASR start to the answer's first audio) against its bars, and the end-of-turn rules fired.
+``--vs-llama-server``: the same replay twice in one run, answered by the local decode core and
+then by llama.cpp's OpenAI-compatible server on the same GGUF (``--llm``), side by side.
 
 Bars (issue "turn-taking and the critical path"): voice-to-voice p50 <= 350 ms, p95 <= 450
 ms, >= 11 of 12 within 500 ms; critical path p50 <= 200 ms, ASR <= 80, first phrase <= 60
@@ -26,33 +28,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fast", action="store_true", help="virtual clock instead of real-time pacing")
-    ap.add_argument("--budget-ms", type=float, default=500.0)
-    ap.add_argument("--json", metavar="FILE", help="also write the reports and the summary as JSON")
-    ap.add_argument("--turn-end", choices=("semantic", "silence"), default="semantic",
-                    help="semantic end of turn (default) or plain 400 ms silence")
-    args = ap.parse_args()
-
-    from voice.engines import load_engines
-    from voice.latency import STAGES, summarize
-    from voice.loop import LoopConfig
+def play_all(engines, config, fast: bool) -> list:
+    """Every sample conversation but the default one, through ``engines``; prints each turn; returns the reports."""
     from voice.replay import SAMPLES, manifest, play_conversation
 
-    config = LoopConfig(budget_ms=args.budget_ms)
-    if args.turn_end == "silence":
-        config = LoopConfig(budget_ms=args.budget_ms, end_of_turn=None)
-
-    engines, load_ms = load_engines(progress=lambda m: print(m, flush=True))
-    m = manifest()
     reports = []
-    for name, files in m["conversations"].items():
+    for name, files in manifest()["conversations"].items():
         if name == "default":
             continue
         engines.llm.reset()
-        reps, _ = play_conversation(engines, [SAMPLES / f for f in files], realtime=not args.fast,
-                                    config=config)
+        reps, _ = play_conversation(engines, [SAMPLES / f for f in files], realtime=not fast, config=config)
         for r in reps:
             lat = r.latency_ms
             print(f"  {name:8s} turn {r.turn}: v2v {lat['voice_to_voice_ms'] or float('nan'):6.0f} ms  "
@@ -61,14 +46,20 @@ def main() -> None:
                   f"{(r.end_of_turn or {}).get('rule', '-')}, critical path {r.work_ms['critical_path_ms'] or float('nan'):.0f}) "
                   f"{r.mitigation:12s} {r.transcript!r} -> {r.reply!r}", flush=True)
         reports += reps
+    return reports
+
+
+def report(reports: list, budget_ms: float, fast: bool) -> dict:
+    from voice.latency import STAGES, summarize
+
     s = summarize(reports)
-    print(f"\n{len(reports)} turns, {'virtual clock' if args.fast else 'real time'}, budget {args.budget_ms:.0f} ms")
+    print(f"\n{len(reports)} turns, {'virtual clock' if fast else 'real time'}, budget {budget_ms:.0f} ms")
     print(f"{'stage':22s} {'p50 ms':>8s} {'p95 ms':>8s}")
     for stage in STAGES:
         p50, p95 = s[stage]["p50"], s[stage]["p95"]
         print(f"{stage:22s} {p50 if p50 is not None else float('nan'):8.0f} {p95 if p95 is not None else float('nan'):8.0f}")
     v = s["voice_to_voice_ms"]
-    print(f"voice_to_voice p50 = {v['p50'] / args.budget_ms:.2f}x budget, p95 = {v['p95'] / args.budget_ms:.2f}x budget; "
+    print(f"voice_to_voice p50 = {v['p50'] / budget_ms:.2f}x budget, p95 = {v['p95'] / budget_ms:.2f}x budget; "
           f"hit rate {s['budget_hit_rate']:.2f} ({s['within_budget']}/{s['turns']})")
     print(f"\n{'work':22s} {'p50 ms':>8s} {'p95 ms':>8s} {'bar p50':>8s}")
     for name, bar in (("asr_run_ms", 80), ("first_phrase_ms", 60), ("tts_first_audio_ms", 40), ("turn_end_score_ms", None),
@@ -77,8 +68,68 @@ def main() -> None:
         print(f"{name:22s} {p50 if p50 is not None else float('nan'):8.0f} {p95 if p95 is not None else float('nan'):8.0f} "
               f"{bar if bar else '-':>8}" + ("" if bar is None or p50 is None else f"   {p50 / bar:.2f}x bar"))
     print("end-of-turn rules: " + ", ".join(f"{k} {n}" for k, n in s["end_of_turn_rules"].items()))
+    return s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fast", action="store_true", help="virtual clock instead of real-time pacing")
+    ap.add_argument("--budget-ms", type=float, default=500.0)
+    ap.add_argument("--json", metavar="FILE", help="also write the reports and the summary as JSON")
+    ap.add_argument("--turn-end", choices=("semantic", "silence"), default="semantic",
+                    help="semantic end of turn (default) or plain 400 ms silence")
+    ap.add_argument("--llm", metavar="URL", help="answer with this OpenAI-compatible backend instead of the local decode core")
+    ap.add_argument("--vs-llama-server", action="store_true",
+                    help="one run, two passes: the local decode core, then llama.cpp's OpenAI-compatible server "
+                         "(llama-cpp-python, started here on the same GGUF, 2 threads) as the --llm backend; "
+                         "prints both and their ratio")
+    args = ap.parse_args()
+
+    from dataclasses import replace
+
+    from voice.engines import EngineOptions, load_engines
+    from voice.loop import LoopConfig
+    from voice.openai_llm import Backend, OpenAIConversation
+
+    config = LoopConfig(budget_ms=args.budget_ms)
+    if args.turn_end == "silence":
+        config = LoopConfig(budget_ms=args.budget_ms, end_of_turn=None)
+
+    opts = EngineOptions(backend=Backend(args.llm) if args.llm else None)
+    engines, load_ms = load_engines(opts, progress=lambda m: print(m, flush=True))
+    passes = {}
+    if args.vs_llama_server:
+        import tempfile
+
+        sys.path.insert(0, str(ROOT / "tests"))
+        import llama_server
+
+        local = play_all(engines, config, args.fast)
+        passes["local decode core"] = report(local, args.budget_ms, args.fast)
+        server = llama_server.start(log_dir=Path(tempfile.mkdtemp(prefix="wafervox-llama-")))
+        try:
+            remote = OpenAIConversation(Backend(server.base_url), persona=engines.llm.persona, max_tokens=engines.llm.max_tokens)
+            remote.warmup()
+            print(f"\nllama.cpp server ready in {server.startup_s:.1f} s at {server.base_url}", flush=True)
+            reports = play_all(replace(engines, llm=remote), config, args.fast)
+        finally:
+            server.stop()
+        passes["--llm llama.cpp server"] = report(reports, args.budget_ms, args.fast)
+        (a, sa), (b, sb) = passes.items()
+        print(f"\n{'same run':26s} {'v2v p50':>8s} {'v2v p95':>8s} {'1st phrase p50':>15s} {'within':>7s}")
+        for name, s in passes.items():
+            print(f"{name:26s} {s['voice_to_voice_ms']['p50']:8.0f} {s['voice_to_voice_ms']['p95']:8.0f} "
+                  f"{s['first_phrase_ms']['p50']:15.0f} {s['within_budget']:>4d}/{s['turns']}")
+        print(f"v2v p50 ratio ({b} / {a}): {sb['voice_to_voice_ms']['p50'] / sa['voice_to_voice_ms']['p50']:.2f}x; "
+              f"first phrase: {sb['first_phrase_ms']['p50'] / sa['first_phrase_ms']['p50']:.2f}x")
+        turns = {"local decode core": local, "--llm llama.cpp server": reports}
+    else:
+        reports = play_all(engines, config, args.fast)
+        passes["this run"] = report(reports, args.budget_ms, args.fast)
+        turns = {"this run": reports}
     if args.json:
-        Path(args.json).write_text(json.dumps({"summary": s, "turns": [r.to_dict() for r in reports],
+        Path(args.json).write_text(json.dumps({"summary": next(iter(passes.values())), "passes": passes,
+                                               "turns": {k: [r.to_dict() for r in v] for k, v in turns.items()},
                                                "load_ms": load_ms}, indent=1))
 
 
