@@ -377,16 +377,20 @@ class RealtimeSession:
 
     def _on_response_create(self, ev: P.ResponseCreate) -> None:
         llm = self.loop.e.llm
+        # this response's own instructions (None or blank: the session's), counted in the prompt below
+        llm.instructions = ev.instructions if ev.instructions and ev.instructions.strip() else None
         if not self._typed and self._tool_output:  # the answer goes on from the tools' results
             self._respond(ev, None)
             return
         if not self._typed:
+            llm.instructions = None
             self._send_error(P.ProtocolError("no_user_input", "response.create needs a user text item first "
                                              "(spoken turns are answered by themselves)", ev.event_id))
             return
         text = " ".join(self._typed)
         need, n_ctx = llm.prompt_tokens(text) + llm.max_tokens, llm.n_ctx
         if need > n_ctx:
+            llm.instructions = None
             self._typed.clear()
             self._send_error(P.ProtocolError("context_length_exceeded", f"the user text ({len(text)} characters) with the "
                                              f"instructions and room for the answer takes {need} tokens, over the {n_ctx}-token "
@@ -397,20 +401,12 @@ class RealtimeSession:
     def _respond(self, ev: P.ResponseCreate, text: str | None) -> None:
         """Start the response ``ev`` asks for: to the typed ``text``, or (None) going on after the tools' results."""
         llm = self.loop.e.llm
-        if ev.instructions is not None:
-            if hasattr(llm, "instructions"):  # a backend: this reply's system message
-                llm.instructions = ev.instructions
-            else:
-                self._send_error(P.ProtocolError("unsupported_value", "per-response instructions need an OpenAI-compatible "
-                                                 "backend (--llm); with the local model this response follows the session's "
-                                                 "(set them with session.update)", ev.event_id, "response.instructions"))
         if ev.tool_choice is not None:
             self._set_tools(llm, ev.tool_choice)
         self._metadata = None if ev.metadata is None else dict(ev.metadata)
         if not self.loop.respond_text(text):
             self._metadata = None
-            if hasattr(llm, "instructions"):
-                llm.instructions = None
+            llm.instructions = None
             self._send_error(P.ProtocolError("conversation_already_has_active_response",
                                              "a response is in progress; cancel it or wait for response.done", ev.event_id))
             return

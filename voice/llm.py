@@ -346,6 +346,10 @@ class LLMConversation:
     history_turns: int | None = 0
     history: list[dict] = field(default_factory=list)  # every turn, as heard
     last_usage: Usage | None = None  # the last reply's token counts
+    #: the next reply's own instructions (a Realtime ``response.create``'s): for that reply only, the persona they
+    #: make (``Persona.from_instructions``) opens the conversation instead of this one's; the KV cache's prefix then
+    #: differs, so that reply prefills its opening (and the idle ``prepare()`` after it, this persona's again)
+    instructions: str | None = None
 
     def __post_init__(self):
         self._opening = self.persona.opening()
@@ -379,12 +383,13 @@ class LLMConversation:
         for _ in self.generator.stream(ids, max_tokens=1, sampling=self.sampling):
             pass
 
-    def context(self) -> list[dict]:
-        """The messages the model sees: the opening and the last ``history_turns`` exchanges."""
+    def context(self, opening: list[dict] | None = None) -> list[dict]:
+        """The messages the model sees: the opening (this persona's, or ``opening``) and the last ``history_turns``
+        exchanges."""
         turns = self.history[len(self._opening):]
         if self.history_turns is not None:
             turns = turns[len(turns) - 2 * self.history_turns:] if self.history_turns else []
-        return self._opening + turns
+        return (self._opening if opening is None else opening) + turns
 
     def prepare(self) -> int:
         """Prefill what the next prompt will start with (the context and the next user message's
@@ -412,14 +417,16 @@ class LLMConversation:
         """The prompt's ids and forced start; earlier exchanges are left out, oldest first, until the prompt and the
         answer fit the context (the prompt alone may still not: ``stream`` then raises ContextLengthError)."""
         previous = next((m["content"] for m in reversed(self.history[len(self._opening):]) if m["role"] == "user"), None)
-        msgs, start = self.persona.turn(user_text, previous)
-        context = self.context()
+        persona = self.persona if self.instructions is None else Persona.from_instructions(self.instructions)
+        opening = self._opening if persona is self.persona else persona.opening()
+        msgs, start = persona.turn(user_text, previous)
+        context = self.context(opening)
         tail = self.generator.tokenizer.encode(start) if start else []
         while True:
             ids = self.generator.encode_chat(context + msgs) + tail
-            if len(ids) + self.max_tokens <= self.generator.n_ctx or len(context) <= len(self._opening):
+            if len(ids) + self.max_tokens <= self.generator.n_ctx or len(context) <= len(opening):
                 return ids, start
-            context = self._opening + context[len(self._opening) + 2:]
+            context = opening + context[len(opening) + 2:]
 
     def prompt_ids(self, user_text: str) -> list[int]:
         """The whole prompt of the answer to ``user_text``: ``context()``, the user's message (with a
@@ -431,6 +438,7 @@ class LLMConversation:
         closed), ``last_usage`` holds its token counts."""
         self._sim0 = self._sim_now()
         ids, start = self._turn(user_text)
+        self.instructions = None  # (one reply's)
         cached = min(common_prefix(self.generator.cached, ids), len(ids) - 1)
         out = 0
         try:

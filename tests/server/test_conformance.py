@@ -105,7 +105,8 @@ def test_a_whole_session_validates_and_keeps_the_conversation(server):
             await c.send(type="conversation.item.create", item={"type": "message", "role": "user",
                                                                 "content": [{"type": "input_text", "text": "Who is the owner?"}]})
             await c.send(type="response.create", event_id="evt_c2",
-                         response={"metadata": {"turn": "2"}, "instructions": "Answer in French."})
+                         response={"metadata": {"turn": "2"},
+                                   "instructions": "You answer the phone for Rapid Wheels, a bike shop. The owner is Tom Baker."})
             turn2 = await c.until(lambda e: e["type"] == "response.done")
             # 4. a response cancelled at once
             await c.send(type="conversation.item.create", item={"type": "message", "role": "user",
@@ -156,13 +157,12 @@ def test_a_whole_session_validates_and_keeps_the_conversation(server):
         part = turn[kinds.index("response.content_part.done")]["part"]
         assert part == {"type": "audio", "transcript": item["content"][0]["transcript"]}
 
-    # response.create's metadata echoed; its per-response instructions refused with one error, the answer given anyway
+    # response.create's metadata echoed; its per-response instructions (with their own facts) answer that response
     kinds2 = _types(turn2)
     assert turn2[kinds2.index("response.created")]["response"]["metadata"] == {"turn": "2"}
-    assert turn2[kinds2.index("response.done")]["response"]["metadata"] == {"turn": "2"}
-    [err] = [e for e in turn2 if e["type"] == "error"]
-    assert (err["error"]["code"], err["error"]["event_id"], err["error"]["param"]) == ("unsupported_value", "evt_c2",
-                                                                                      "response.instructions")
+    done2 = turn2[kinds2.index("response.done")]["response"]
+    assert done2["metadata"] == {"turn": "2"} and "Tom" in done2["output"][0]["content"][0]["transcript"]
+    assert not [e for e in turn2 if e["type"] == "error"]
 
     # the typed item: added and done at once, with its text; the cancelled answer is incomplete
     typed = [e for e in turn2 if e["type"] == "conversation.item.done" and e["item"]["role"] == "user"]

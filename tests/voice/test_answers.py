@@ -177,6 +177,17 @@ def test_a_decline_streams_its_start_first(generator):
     assert pieces[0] == DECLINE and len("".join(pieces)) > len(DECLINE)
 
 
+def test_one_replys_instructions_ground_that_reply_only(generator):
+    """A Realtime ``response.create`` with its own ``instructions``: that reply opens with their persona (and its
+    facts); the next reply is this conversation's again."""
+    llm = LLMConversation(generator)
+    llm.instructions = "You answer the phone for Rapid Wheels, a bike shop. The owner is Tom Baker."
+    assert "Tom" in "".join(llm.reply("Who is the owner?"))
+    assert llm.instructions is None
+    assert "Maria" in "".join(llm.reply("Who is the owner?"))
+    assert llm.prompt_ids("Hi")[:20] == generator.encode_chat(Persona().opening())[:20]
+
+
 def test_the_bench_meets_its_bars(generator):
     rows, summary = bench().run(generator=generator)
     a = summary["all"]
