@@ -463,14 +463,18 @@ def fhsum(typingctx, v):
         return None
 
     def codegen(context, builder, sig, args):
-        x = args[0]
-        undef = ir.Constant(_F16, ir.Undefined)
-        for w in (8, 4, 2, 1):
-            mask = ir.Constant(_V16, [j + w if j < w else j for j in range(16)])
-            x = builder.fadd(x, builder.shuffle_vector(x, undef, mask))
-        return builder.extract_element(x, ir.Constant(_I32, 0))
+        return _lane_tree(builder, args[0], builder.fadd)
 
     return types.float32(F32x16), codegen
+
+
+def _lane_tree(builder, x, combine):
+    """Lane 0 of ``x`` after combining lanes ``j`` and ``j + 8``, then ``j + 4``, ``j + 2``, ``j + 1``:
+    ``combine(x, shuffled)`` at each step."""
+    undef = ir.Constant(_F16, ir.Undefined)
+    for w in (8, 4, 2, 1):
+        x = combine(x, builder.shuffle_vector(x, undef, ir.Constant(_V16, [j + w if j < w else j for j in range(16)])))
+    return builder.extract_element(x, ir.Constant(_I32, 0))
 
 
 @intrinsic
@@ -512,11 +516,6 @@ def fhmax(typingctx, v):
         return None
 
     def codegen(context, builder, sig, args):
-        x = args[0]
-        undef = ir.Constant(_F16, ir.Undefined)
-        for w in (8, 4, 2, 1):
-            y = builder.shuffle_vector(x, undef, ir.Constant(_V16, [j + w if j < w else j for j in range(16)]))
-            x = builder.select(builder.fcmp_ordered(">", x, y), x, y)
-        return builder.extract_element(x, ir.Constant(_I32, 0))
+        return _lane_tree(builder, args[0], lambda x, y: builder.select(builder.fcmp_ordered(">", x, y), x, y))
 
     return types.float32(F32x16), codegen
