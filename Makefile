@@ -5,7 +5,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.wafervox-setup
 APT_PACKAGES := libportaudio2 espeak-ng pulseaudio pulseaudio-utils libasound2-plugins chromium
 BENCH_VENV := bench/.venv-llamacpp
-LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+# llama.cpp's CPU kernels: AVX-512 VNNI where this CPU has it (as our own kernels pick it), else AVX2 (a wheel
+# built for one would stop with an illegal instruction on a CPU without it).
+LLAMA_CMAKE_AVX512 := -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+LLAMA_CMAKE_AVX2 := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+LLAMA_CMAKE_ARGS := $(if $(shell grep -m1 -o -w avx512_vnni /proc/cpuinfo 2>/dev/null),$(LLAMA_CMAKE_AVX512),$(LLAMA_CMAKE_AVX2))
 LLAMA_SPEC := llama-cpp-python>=0.3,<0.4
 # llama-cpp-python (the benchmark peer, and the OpenAI-compatible server the tests start) compiles
 # llama.cpp: minutes on 2 cores. Its wheel is built once per machine into a cache outside the checkout,
