@@ -257,6 +257,16 @@ def test_function_tools_are_kept_and_echoed_in_the_session():
     assert session.tools[0].name == "get_weather" and session.tools[0].parameters["required"] == ["city"]
     [ev] = proto.receive(json.dumps({"type": "session.update", "session": {"tools": []}}))
     assert ev.config.tools == () and "tools" not in json.loads(proto.session_updated().to_json())["session"]
+    assert session.tool_choice == "auto"
+    [ev] = proto.receive(json.dumps({"type": "session.update", "session": {"tool_choice": {"type": "function", "name": "get_weather"}}}))
+    assert ev.changed == {"tool_choice"} and ev.config.tool_choice == {"type": "function", "name": "get_weather"}
+    assert validate(proto.session_updated()).session.tool_choice.name == "get_weather"
+    [out] = proto.receive(json.dumps({"type": "conversation.item.create", "event_id": "e1", "item": {
+        "type": "function_call_output", "call_id": "call_1", "output": '{"sky": "sunny"}'}}))
+    assert out == P.FunctionOutputCreate(event_id="e1", item_id=out.item_id, call_id="call_1", output='{"sky": "sunny"}',
+                                         previous_item_id=None)
+    [rc] = proto.receive(json.dumps({"type": "response.create", "response": {"tool_choice": "none", "instructions": "Be brief."}}))
+    assert (rc.tool_choice, rc.instructions) == ("none", "Be brief.")
     [r] = proto.receive(json.dumps({"type": "conversation.item.retrieve", "item_id": "item_7", "event_id": "e"}))
     [d] = proto.receive(json.dumps({"type": "conversation.item.delete", "item_id": "item_8"}))
     assert (r, d) == (P.ItemRetrieve(event_id="e", item_id="item_7"), P.ItemDelete(event_id=None, item_id="item_8"))
@@ -296,6 +306,12 @@ BAD = [
      "unsupported_value", "e18", "mcp"),
     ("metadata not strings", '{"type": "response.create", "event_id": "e21", "response": {"metadata": {"n": 3}}}',
      "invalid_value", "e21", "response.metadata"),
+    ("bad tool_choice", '{"type": "session.update", "event_id": "e22", "session": {"tool_choice": "sometimes"}}',
+     "invalid_value", "e22", "session.tool_choice"),
+    ("output without call_id", '{"type": "conversation.item.create", "event_id": "e23", "item": {"type": "function_call_output", '
+                               '"output": "x"}}', "missing_required_parameter", "e23", "call_id"),
+    ("response tool_choice", '{"type": "response.create", "event_id": "e24", "response": {"tool_choice": {"type": "function"}}}',
+     "invalid_value", "e24", "response.tool_choice"),
     ("retrieve without id", '{"type": "conversation.item.retrieve", "event_id": "e19"}', "missing_required_parameter", "e19",
      "'item_id'"),
     ("delete id not str", '{"type": "conversation.item.delete", "event_id": "e20", "item_id": 3}', "invalid_type", "e20",
