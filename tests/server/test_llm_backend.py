@@ -60,6 +60,9 @@ def test_an_unreachable_backend_is_one_line_at_start():
     out = subprocess.run([sys.executable, "-m", "server.cli", "run", "--llm", "127.0.0.1:8080"], capture_output=True, text=True,
                          timeout=120, cwd=ROOT)
     assert out.returncode == 2 and "is not an http(s) URL" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--llm-model", "gpt-x"], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and "--llm-model needs --llm URL" in out.stderr
 
 
 def test_a_spoken_turn_and_a_tool_call_round_trip_over_the_realtime_wire(backend_server):
