@@ -58,7 +58,7 @@ class ComputeThread:
     batched with other sequences' single-token steps waiting at the same time (``batches`` counts them)."""
 
     def __init__(self, name: str = "decode", max_batch: int = MAX_BATCH, cores: threading.Lock | None = None,
-                 quiet_s: float = 0.02, nice: int = 0):
+                 quiet_s: float = 0.02, nice: int = 0, idle: bool = False):
         self.max_batch = max_batch
         #: held while a job runs: engines that share one (the decode core, Whisper, the voice) never run
         #: their thread teams at the same time on the same cores
@@ -66,6 +66,8 @@ class ComputeThread:
         self.batches: dict[int, int] = {}  # batch size -> passes run with it
         self.quiet_s = quiet_s
         self.nice = nice  # the thread's own scheduling niceness (Linux; threads it starts inherit it)
+        #: run under SCHED_IDLE (Linux): only on CPU time nothing else wants, its thread teams too (they inherit it)
+        self.idle = idle
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._bulk: queue.SimpleQueue = queue.SimpleQueue()  # slices of long prefills, run when nothing else is
         self._last_work = 0.0  # monotonic end of the last job that was not bulk
@@ -130,6 +132,11 @@ class ComputeThread:
             try:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
             except (OSError, AttributeError):  # not Linux, or not allowed: the default priority
+                pass
+        if self.idle:
+            try:
+                os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+            except (OSError, AttributeError):  # not Linux: the niceness alone
                 pass
         pending: list = []
         while True:
