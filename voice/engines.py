@@ -184,7 +184,7 @@ class _LongTranscriber:
     priority (Linux's SCHED_IDLE, and nice 10 where that is refused), so the threads CTranslate2 and numba start for
     it run at that priority too.  It runs beside the sessions' other work without the cores lock: a turn in progress
     elsewhere keeps the CPU, while the long transcription takes the slack.  (With nice 10 alone, a neighbour's text
-    turn took 1.0-1.9x its time alone, median 1.5x, in tests/server/test_hostile.py; with SCHED_IDLE 1.05-1.15x.)"""
+    turn took 0.9-1.9x its time alone, median 1.5x, in tests/server/test_hostile.py; with SCHED_IDLE 0.94-1.14x over three runs.)"""
 
     def __init__(self, make):
         self.make = make
