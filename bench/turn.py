@@ -78,8 +78,9 @@ def main() -> None:
     ap.add_argument("--json", metavar="FILE", help="also write the reports and the summary as JSON")
     ap.add_argument("--turn-end", choices=("semantic", "silence"), default="semantic",
                     help="semantic end of turn (default) or plain 400 ms silence")
-    ap.add_argument("--llm", metavar="URL", help="answer with this OpenAI-compatible backend instead of the local decode core")
-    ap.add_argument("--vs-llama-server", action="store_true",
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--llm", metavar="URL", help="answer with this OpenAI-compatible backend instead of the local decode core")
+    which.add_argument("--vs-llama-server", action="store_true",
                     help="one run, two passes: the local decode core, then llama.cpp's OpenAI-compatible server "
                          "(llama-cpp-python, started here on the same GGUF, 2 threads) as the --llm backend; "
                          "prints both and their ratio")
@@ -97,24 +98,24 @@ def main() -> None:
 
     opts = EngineOptions(backend=Backend(args.llm) if args.llm else None)
     engines, load_ms = load_engines(opts, progress=lambda m: print(m, flush=True))
-    passes = {}
+    turns, passes = {}, {}
     if args.vs_llama_server:
         import tempfile
 
-        sys.path.insert(0, str(ROOT / "tests"))
+        sys.path.append(str(ROOT / "tests"))
         import llama_server
 
-        local = play_all(engines, config, args.fast)
-        passes["local decode core"] = report(local, args.budget_ms, args.fast)
+        turns["local decode core"] = play_all(engines, config, args.fast)
+        passes["local decode core"] = report(turns["local decode core"], args.budget_ms, args.fast)
         server = llama_server.start(log_dir=Path(tempfile.mkdtemp(prefix="wafervox-llama-")))
         try:
             remote = OpenAIConversation(Backend(server.base_url), persona=engines.llm.persona, max_tokens=engines.llm.max_tokens)
             remote.warmup()
             print(f"\nllama.cpp server ready in {server.startup_s:.1f} s at {server.base_url}", flush=True)
-            reports = play_all(replace(engines, llm=remote), config, args.fast)
+            turns["--llm llama.cpp server"] = play_all(replace(engines, llm=remote), config, args.fast)
         finally:
             server.stop()
-        passes["--llm llama.cpp server"] = report(reports, args.budget_ms, args.fast)
+        passes["--llm llama.cpp server"] = report(turns["--llm llama.cpp server"], args.budget_ms, args.fast)
         (a, sa), (b, sb) = passes.items()
         print(f"\n{'same run':26s} {'v2v p50':>8s} {'v2v p95':>8s} {'1st phrase p50':>15s} {'within':>7s}")
         for name, s in passes.items():
@@ -122,11 +123,9 @@ def main() -> None:
                   f"{s['first_phrase_ms']['p50']:15.0f} {s['within_budget']:>4d}/{s['turns']}")
         print(f"v2v p50 ratio ({b} / {a}): {sb['voice_to_voice_ms']['p50'] / sa['voice_to_voice_ms']['p50']:.2f}x; "
               f"first phrase: {sb['first_phrase_ms']['p50'] / sa['first_phrase_ms']['p50']:.2f}x")
-        turns = {"local decode core": local, "--llm llama.cpp server": reports}
     else:
-        reports = play_all(engines, config, args.fast)
-        passes["this run"] = report(reports, args.budget_ms, args.fast)
-        turns = {"this run": reports}
+        turns["this run"] = play_all(engines, config, args.fast)
+        passes["this run"] = report(turns["this run"], args.budget_ms, args.fast)
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": next(iter(passes.values())), "passes": passes,
                                                "turns": {k: [r.to_dict() for r in v] for k, v in turns.items()},

@@ -541,13 +541,6 @@ class HttpProtocol(asyncio.Protocol):
 # -- the API ---------------------------------------------------------------------------------------
 
 
-def decode_core(shared):
-    """The shared decode core's generator, the one sessions fork: ``shared.generator`` where the engines name it (the
-    voice's answers may come from another backend, this endpoint's always come from the local model), else the LLM's."""
-    gen = getattr(shared, "generator", None)
-    return gen if gen is not None else shared.base.llm.generator
-
-
 class ChatAPI:
     """The OpenAI-compatible HTTP side of a ``VoiceServer``: its checks (rate, route, token, size, capacity), the
     completions in progress, ``GET /v1/models``'s answer."""
@@ -557,7 +550,7 @@ class ChatAPI:
         self.shared, self.metrics, self.ids, self.limiter, self.token = shared, metrics, ids, limiter, token
         self.max_sessions, self.sessions = max_sessions, sessions
         self.max_head, self.max_body = max_head, max_body
-        self.generator = decode_core(shared)
+        self.generator = shared.generator  # the one sessions fork (with --llm too: this endpoint's answers are local)
         self.model_id = Path(str(self.generator.model.file.path)).stem
         self.connections: set[HttpProtocol] = set()
         self.sniffing: set[asyncio.BaseTransport] = set()  # connections whose first bytes have not come yet
@@ -748,7 +741,7 @@ class _Decode:
             self.on_end()
 
     def _decode(self) -> None:
-        base = decode_core(self.shared)
+        base = self.shared.generator
         try:
             ids = base.encode_chat(list(self.req.messages))
         except Exception as e:  # the model's template refused the messages (e.g. a role order it does not take)

@@ -485,7 +485,7 @@ class VoiceLoop:
         llm = self.e.llm
         sentences = 0
         start = clock.now()
-        stream = iter(())
+        stream = None
         try:
             stream = (p for p in (r.fixed,)) if r.fixed else llm.reply(None if r.continuation else r.transcript)
             while sentences < self.cfg.max_sentences:
@@ -519,7 +519,8 @@ class VoiceLoop:
         except LLMBackendError as e:  # the backend is gone or failed: the turn ends with what was said
             r.error = str(e)
         finally:
-            stream.close()
+            if stream is not None:
+                stream.close()
 
     def _flush_calls(self, r: _Response) -> None:
         for piece in r.calls:
