@@ -664,23 +664,51 @@ class IntKernels:
                         act.q, act.d, act.s, act.m, out, add)
 
 
+#: The environment variable that picks the integer kernels for the whole process (tests, benchmarks, users):
+#: ``plain``, ``avx2``, ``vnni`` or ``auto`` (the fastest this CPU has; the default).
+KERNELS_ENV = "WAFERVOX_KERNELS"
+#: The paths, slowest first: a CPU that runs one runs every one before it.
+KINDS = ("plain", "avx2", "vnni")
+
+
+def available() -> tuple[str, ...]:
+    """The paths this CPU (the one numba compiles for) can run, slowest first: ``plain`` always, ``avx2`` with AVX2
+    and F16C, ``vnni`` with AVX-512 VNNI too."""
+    kinds = ["plain"]
+    if simd.has_avx2():
+        kinds.append("avx2")
+        if simd.has_vnni():
+            kinds.append("vnni")
+    return tuple(kinds)
+
+
+def requested() -> str:
+    """The path asked for by ``WAFERVOX_KERNELS`` (``auto`` when unset or empty), checked against the names."""
+    import os
+
+    kind = os.environ.get(KERNELS_ENV, "").strip().lower() or "auto"
+    if kind != "auto" and kind not in KINDS:
+        raise ValueError(f"{KERNELS_ENV}={kind!r} is not a kernel path: auto, {', '.join(KINDS)}")
+    return kind
+
+
 def select(kind: str = "auto") -> IntKernels:
-    """``"auto"``: ``"vnni"`` when the CPU numba compiles for has AVX-512 VNNI, else ``"avx2"`` when
-    it has AVX2 (and F16C), else ``"plain"``."""
-    vnni, avx2 = simd.has_vnni(), simd.has_avx2()
+    """The integer kernels ``kind`` names; ``"auto"``: those ``WAFERVOX_KERNELS`` names, else the fastest this CPU
+    has (``vnni`` with AVX-512 VNNI, else ``avx2`` with AVX2 and F16C, else ``plain``).  A path the CPU cannot run
+    is an error that says so (never an illegal instruction later)."""
     if kind == "auto":
-        kind = "vnni" if vnni else "avx2" if avx2 else "plain"
-    if kind == "vnni":
-        if not vnni:
-            raise ValueError("the VNNI kernels need a CPU with AVX-512 VNNI (avx512vnni, avx512bw)")
-        return IntKernels("vnni", qmatvec_vnni, block_isums_vnni)
-    if kind == "avx2":
-        if not avx2:
-            raise ValueError("the AVX2 kernels need a CPU with AVX2 and F16C")
-        return IntKernels("avx2", qmatvec_avx2, block_isums_avx2)
-    if kind == "plain":
-        return IntKernels("plain", qmatvec_plain, block_isums_plain)
-    raise ValueError(f"unknown integer kernels {kind!r}: auto, vnni, avx2 or plain")
+        kind = requested()
+    if kind == "auto":
+        kind = available()[-1]
+    if kind not in KINDS:
+        raise ValueError(f"unknown integer kernels {kind!r}: auto, {', '.join(KINDS)}")
+    if kind not in available():
+        need = "AVX-512 VNNI (avx512vnni, avx512bw)" if kind == "vnni" else "AVX2 and F16C"
+        raise ValueError(f"the {kind} kernels need a CPU with {need}; this one runs {', '.join(available())} "
+                         f"(set {KERNELS_ENV} to one of those, or leave it unset)")
+    return {"vnni": IntKernels("vnni", qmatvec_vnni, block_isums_vnni),
+            "avx2": IntKernels("avx2", qmatvec_avx2, block_isums_avx2),
+            "plain": IntKernels("plain", qmatvec_plain, block_isums_plain)}[kind]
 
 
 class Activations:

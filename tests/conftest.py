@@ -26,6 +26,13 @@ ENGINE_FIXTURES = frozenset({
 ENGINE_MODULES = frozenset({"test_cli", "test_voice_e2e", "test_browser", "test_mic", "test_server"})
 
 
+def pytest_report_header(config):
+    """The kernel path the run uses (``WAFERVOX_KERNELS``, else the fastest this CPU has) and the ones it could."""
+    from decode import qint
+
+    return f"wafervox kernels: {qint.select().name} (this CPU runs {', '.join(qint.available())}; {qint.KERNELS_ENV} picks one)"
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.module.__name__.rsplit(".", 1)[-1] in ENGINE_MODULES:

@@ -10,7 +10,7 @@ import quant_reference as ref
 from gguf import GGMLQuantizationType as T
 from tiny_gguf import write_tiny_llama
 
-from decode import ContextLengthError, Model, qint, simd
+from decode import ContextLengthError, Model, qint
 
 PROMPTS = ("When do you open?", "How much is a croissant today, and do you have any left?", "Hi",
            "Tell me about the bakery on the corner of the high street, the one with the blue door.")
@@ -43,7 +43,7 @@ def _prefilled(model, tokenizer, prompts):
 
 def test_every_decode_matrix_is_packed_from_the_file(model):
     p = model.packed
-    assert model.kernels.name == ("vnni" if simd.has_vnni() else "plain")
+    assert model.kernels.name == qint.select().name  # the fastest path here, or the one WAFERVOX_KERNELS names
     assert all(m is not None for layer in p.layers for m in (layer.qkv, layer.wo, layer.gate_up, layer.down))
     assert p.head is not None and p.head.rows == model.config.vocab_size
     w = model.weights.layers[0]
@@ -76,15 +76,17 @@ def test_int_decode_tracks_float_decode(model, float_model, tokenizer):
     assert 0 < np.median(rms) <= 0.3, rms  # near, and not the float path itself
 
 
-@pytest.mark.skipif(not simd.has_vnni(), reason="no AVX-512 VNNI")
-def test_vnni_model_equals_plain_model(model, tokenizer):
+@pytest.mark.parametrize("kind", qint.available())
+def test_every_path_gives_the_plain_models_numbers(model, tokenizer, kind):
+    """The whole model on each path this CPU runs gives the plain path's logits, bit for bit."""
     plain = Model(model.file.path, int_kernels="plain")
-    assert plain.kernels.name == "plain"
-    (a, pos), = _prefilled(model, tokenizer, PROMPTS[:1])
+    other = model if model.kernels.name == kind else Model(model.file.path, int_kernels=kind)
+    assert (plain.kernels.name, other.kernels.name) == ("plain", kind)
+    (a, pos), = _prefilled(other, tokenizer, PROMPTS[:1])
     (b, _), = _prefilled(plain, tokenizer, PROMPTS[:1])
     tok = 198
     for step in range(3):
-        la = model.forward(a, [tok], pos + step)
+        la = other.forward(a, [tok], pos + step)
         lb = plain.forward(b, [tok], pos + step)
         np.testing.assert_array_equal(la, lb)
         tok = int(np.argmax(la))

@@ -26,8 +26,9 @@ TYPES = ("Q4_0", "Q4_1", "Q8_0")
 COLS = (32, 96, 576, 1536)
 ROWS = (7, 16, 130)  # under one tile, exactly one, eight tiles and a 2-row tail
 BATCH = (1, 3, 8)
-KINDS = ["plain", pytest.param("vnni", marks=pytest.mark.skipif(not simd.has_vnni(), reason="no AVX-512 VNNI")),
-         pytest.param("avx2", marks=pytest.mark.skipif(not simd.has_avx2(), reason="no AVX2"))]
+#: Every path this CPU runs (plain everywhere, AVX2 on any x86-64 of the last decade, VNNI where the CPU has it): none
+#: is skipped, and each test's id names the path it ran.
+KINDS = list(qint.available())
 
 
 def _seed(*key) -> int:
@@ -259,11 +260,34 @@ def test_swiglu_input(kind):
     np.testing.assert_array_equal(got, run(kind, p, np.ascontiguousarray(hk[:, :1536])))
 
 
-def test_select():
+def test_select(monkeypatch):
+    monkeypatch.delenv(qint.KERNELS_ENV, raising=False)
     assert qint.select("plain").name == "plain"
     assert qint.select().name == ("vnni" if simd.has_vnni() else "avx2" if simd.has_avx2() else "plain")
+    assert qint.available()[0] == "plain" and qint.select().name == qint.available()[-1]
     with pytest.raises(ValueError, match="unknown"):
         qint.select("avx9")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_environment_picks_the_path(monkeypatch, kind):
+    """``WAFERVOX_KERNELS`` picks any path this CPU runs, for everything that asks for ``auto``."""
+    monkeypatch.setenv(qint.KERNELS_ENV, kind.upper())
+    assert qint.select().name == kind
+    assert qint.select("plain").name == "plain"  # an explicit choice wins
+
+
+def test_the_environment_refuses_what_the_cpu_cannot_run(monkeypatch):
+    monkeypatch.setenv(qint.KERNELS_ENV, "sse9")
+    with pytest.raises(ValueError, match="WAFERVOX_KERNELS='sse9' is not a kernel path"):
+        qint.select()
+    monkeypatch.setattr(simd, "has_vnni", lambda: False)  # as on an AVX2-only CPU, whatever this one is
+    monkeypatch.setattr(simd, "has_avx2", lambda: True)
+    monkeypatch.setenv(qint.KERNELS_ENV, "vnni")
+    with pytest.raises(ValueError, match="the vnni kernels need a CPU with AVX-512 VNNI.*this one runs plain, avx2"):
+        qint.select()
+    monkeypatch.setenv(qint.KERNELS_ENV, "")
+    assert qint.select().name == "avx2"
 
 
 def test_exp_f32_within_two_ulp_and_saturates():

@@ -43,15 +43,17 @@ def test_transcripts_match_ctranslate2_on_the_samples(pair):
     ours, ref = pair
     files = sorted(SAMPLES.rglob("*.wav"))
     assert len(files) >= 40
-    same, words_ref, words_off = 0, 0, 0
+    same, words_ref, words_off, apart = 0, 0, 0, []
     for path in files:
         audio = load(path)
         a, b = ours.transcribe(audio).text, ref.transcribe(audio).text
-        same += a == b
         wa, wb = words(a), words(b)
+        same += wa == wb  # the same words (CTranslate2's own int8 kernels differ by CPU, so punctuation may)
+        if wa != wb:
+            apart.append((path.name, a, b))
         words_ref += len(wb)
         words_off += sum(x != y for x, y in zip(wa, wb)) + abs(len(wa) - len(wb))
-    assert same >= 0.9 * len(files), f"{same} of {len(files)} transcripts the same"
+    assert same >= 0.9 * len(files), f"{same} of {len(files)} transcripts the same; apart: {apart}"
     assert words_off <= 0.03 * words_ref
 
 
