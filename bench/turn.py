@@ -1,6 +1,6 @@
 """Voice-to-voice latency of the whole pipeline, replaying every sample conversation in real time.
 
-    .venv/bin/python bench/turn.py [--fast] [--budget-ms 500] [--json FILE] [--llm URL | --vs-llama-server]
+    .venv/bin/python bench/turn.py [--fast] [--budget-ms 500] [--json FILE] [--llm URL | --vs-llama-server] [--busy N]
 
 Each conversation of samples/manifest.json (the default one is a copy and is skipped)
 plays at real-time pace through the default engines (webrtcvad, Whisper tiny.en, the
@@ -9,6 +9,9 @@ numba LLM, piper), exactly as ``wafervox run`` does, with the semantic end of tu
 voice_to_voice_ms, the budget hit rate, and p50/p95 as ratios of the budget (the limit
 this project holds itself to); then the critical path's own work (ASR, end-of-turn score,
 ASR start to the answer's first audio) against its bars, and the end-of-turn rules fired.
+``--busy N``: N other programs keep a core busy each during the replay (``python -c "while True: pass"`` at the
+default priority, as a browser tab or a build would), started once the engines are loaded and stopped at the end.
+The kernel path (``WAFERVOX_KERNELS``) and the compute threads are printed first.
 ``--vs-llama-server``: the same replay twice in one run, answered by the local decode core and
 then by llama.cpp's OpenAI-compatible server on the same GGUF (``--llm``), side by side.
 
@@ -71,6 +74,26 @@ def report(reports: list, budget_ms: float, fast: bool) -> dict:
     return s
 
 
+class BusyNeighbours:
+    """``n`` processes spinning on the CPU at the default priority, for as long as the ``with`` block lasts."""
+
+    def __init__(self, n: int):
+        self.n, self.procs = n, []
+
+    def __enter__(self):
+        import subprocess
+
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        if self.n:
+            print(f"{self.n} busy process(es) beside the replay (pids {', '.join(str(p.pid) for p in self.procs)})", flush=True)
+        return self
+
+    def __exit__(self, *exc):
+        for proc in self.procs:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fast", action="store_true", help="virtual clock instead of real-time pacing")
@@ -84,13 +107,15 @@ def main() -> None:
                     help="one run, two passes: the local decode core, then llama.cpp's OpenAI-compatible server "
                          "(llama-cpp-python, started here on the same GGUF, 2 threads) as the --llm backend; "
                          "prints both and their ratio")
+    ap.add_argument("--busy", type=int, default=0, metavar="N", help="N busy processes beside the replay (default 0)")
     args = ap.parse_args()
+    if not 0 <= args.busy <= 16:
+        ap.error("--busy takes 0 to 16 processes")
 
-    from dataclasses import replace
-
+    from decode import cpu, qint
     from voice.engines import EngineOptions, load_engines
     from voice.loop import LoopConfig
-    from voice.openai_llm import Backend, OpenAIConversation
+    from voice.openai_llm import Backend
 
     config = LoopConfig(budget_ms=args.budget_ms)
     if args.turn_end == "silence":
@@ -98,6 +123,26 @@ def main() -> None:
 
     opts = EngineOptions(backend=Backend(args.llm) if args.llm else None)
     engines, load_ms = load_engines(opts, progress=lambda m: print(m, flush=True))
+    print(f"kernel path: {qint.select().name} (this CPU runs {', '.join(qint.available())}); {cpu.process_share().describe()}",
+          flush=True)
+    with BusyNeighbours(args.busy):
+        turns, passes = run_passes(args, engines, config)
+    if args.busy:
+        print(f"compute team changes during the run: {cpu.process_share().changes}, others' cores at the end "
+              f"{cpu.process_share().others:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"summary": next(iter(passes.values())), "passes": passes, "busy": args.busy,
+                                               "kernels": qint.select().name,
+                                               "turns": {k: [r.to_dict() for r in v] for k, v in turns.items()},
+                                               "load_ms": load_ms}, indent=1))
+
+
+def run_passes(args, engines, config) -> tuple[dict, dict]:
+    """The replay once (or twice with ``--vs-llama-server``): the turns and the summary of each pass, by name."""
+    from dataclasses import replace
+
+    from voice.openai_llm import Backend, OpenAIConversation
+
     turns, passes = {}, {}
     if args.vs_llama_server:
         import tempfile
@@ -126,10 +171,7 @@ def main() -> None:
     else:
         turns["this run"] = play_all(engines, config, args.fast)
         passes["this run"] = report(turns["this run"], args.budget_ms, args.fast)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"summary": next(iter(passes.values())), "passes": passes,
-                                               "turns": {k: [r.to_dict() for r in v] for k, v in turns.items()},
-                                               "load_ms": load_ms}, indent=1))
+    return turns, passes
 
 
 if __name__ == "__main__":

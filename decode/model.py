@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import qint
+from . import cpu, qint
 from .errors import ContextLengthError, ModelFileError
 from .gguf_file import Config, GGUFFile, Tensor, open_gguf
 from .ops import add_into, attention, embed, rmsnorm, rope, rope_tables, silu_mul
@@ -501,6 +501,7 @@ class Model:
         or one decode step); return the logits after the last one (a view, overwritten
         by the next call)."""
         tokens = self.check_tokens(tokens, pos0)
+        cpu.fit()  # the calling thread's team: the cores other programs leave free
         n = tokens.shape[0]
         for c0 in range(0, n, s.chunk):
             chunk = tokens[c0:c0 + s.chunk]
@@ -521,6 +522,7 @@ class Model:
             raise ValueError("forward_batch: a sequence appears twice in one batch")
         for r, pos in enumerate(positions):
             self.check_tokens(tokens[r:r + 1], pos)
+        cpu.fit()
         for c0 in range(0, len(states), qint.MAX_BATCH):
             self._step_batch(states[c0:c0 + qint.MAX_BATCH], tokens[c0:c0 + qint.MAX_BATCH], positions[c0:c0 + qint.MAX_BATCH])
         return [s.logits for s in states]

@@ -105,13 +105,16 @@ class PiperSynthesizer:
         self.sample_rate: int = self.voice.config.sample_rate
         self.config = SynthesisConfig(length_scale=length_scale, speaker_id=speaker_id)
         self.first_frames, self.context_frames, self.max_frames = first_frames, context_frames, max(first_frames, max_frames)
-        self.front = self.vocoder = None
+        self.front = self.front_alone = self.vocoder = None
         if stream:
             parts = self._split_parts(path)
             if parts is not None:
                 # the front gains from a second thread (12 vs 17 ms for "Sure."); a vocoder chunk is too
                 # small to (16 ms for 26 frames either way), and one thread leaves the other core to the rest
                 self.front, self.vocoder = (self._session(p, n) for p, n in zip(parts, (threads, 1)))
+                # while other programs keep a core busy, a team of two waits for it at every operator: the front
+                # then runs on one thread (decode.cpu's share says when), from a session of its own
+                self.front_alone = self._session(parts[0], 1) if threads > 1 else self.front
                 self._latent = self.vocoder.get_inputs()[0].name
         self.gain = 1.0
         if self.streaming:
@@ -165,7 +168,10 @@ class PiperSynthesizer:
             scales[[0, 2]] = 0.0
         feeds = {"input": np.array([ids], dtype=np.int64), "input_lengths": np.array([len(ids)], dtype=np.int64),
                  "scales": scales}
-        return self.front.run(None, feeds)[0]
+        from decode.cpu import process_share
+
+        front = self.front if process_share().team() > 1 else self.front_alone
+        return front.run(None, feeds)[0]
 
     def _decode(self, latent: np.ndarray) -> np.ndarray:
         return self.vocoder.run(None, {self._latent: np.ascontiguousarray(latent)})[0].reshape(-1)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit, prange
 
-from decode import qint, simd
+from decode import cpu, qint, simd
 from decode.qint import exp_f32
 from decode.quant import QType
 from voice.errors import EngineError
@@ -452,6 +452,7 @@ class Decoder:
         if not 0 < frames <= self.scores.shape[0] or enc.shape[1] != self.d:
             raise ValueError(f"encoder output of shape {enc.shape}, expected (1..1500, {self.d})")
         w = self.weights
+        cpu.fit()  # the calling thread's team: the cores other programs leave free (each step runs on it too)
         cross = np.empty((w.cross_w.shape[0], 2, self.heads, frames, 64), np.float32)
         for i in range(w.cross_w.shape[0]):
             cross_kv(enc, w.cross_w[i], w.cross_b[i], cross[i])

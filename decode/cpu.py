@@ -1,0 +1,164 @@
+"""How many cores this process can use right now, and numba's thread teams sized to it.
+
+numba's parallel kernels split each call over a team of threads that meet at the call's end.  When another program
+takes a core, one team thread waits for its slice of that core and the whole call waits with it: on a 2-core VM beside
+one busy process, a decode step's p95 went from 10 ms on one thread to 146 ms on two, and 22 prompt tokens took 117
+ms against 87 (``bench/contention.py``).  So the team follows the CPU the rest of the machine leaves free:
+
+- ``usable_cpus()``: the cores this process may run on (its affinity mask, and a cgroup v2 CPU quota where one is set);
+- ``CpuShare``: samples the machine's busy time (``/proc/stat``) and this process's own CPU time every
+  ``interval_s``; what others use is the difference, smoothed.  ``team()`` is the usable cores less those others keep
+  busy (with hysteresis), never under one.
+- ``fit()``: called by each compute entry point (a forward pass, a Whisper step) on the thread that is about to run
+  numba kernels; sets that thread's team size (``numba.set_num_threads`` is per thread) to the share's ``team()``.
+
+The share is the process's (``process_share()``), started on first use; ``WAFERVOX_THREADS=N`` fixes the team at N.
+On a machine without ``/proc/stat`` (not Linux) the team is the usable cores.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+
+#: Fixes the team size (tests, benchmarks, users who know their machine); unset: it follows the free CPU.
+THREADS_ENV = "WAFERVOX_THREADS"
+
+
+def usable_cpus() -> int:
+    """The cores this process may use: its affinity mask, capped by a cgroup v2 quota (``cpu.max``) when set."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        n = os.cpu_count() or 1
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, math.floor(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+def read_machine_ticks() -> tuple[float, float] | None:
+    """(busy, total) seconds of every core since boot from ``/proc/stat`` (idle and iowait are not busy; steal is)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    hz = os.sysconf("SC_CLK_TCK")
+    total = sum(ticks)
+    return (total - ticks[3] - ticks[4]) / hz, total / hz
+
+
+class CpuShare:
+    """Tracks how many cores other programs keep busy (``others``) and the team size that leaves them (``team``).
+
+    ``sample()`` takes one reading; ``start()`` runs it every ``interval_s`` on a daemon thread.  The readers are
+    injected (``machine``: busy and total CPU seconds of the machine, ``own``: this process's CPU seconds), so the
+    rule is tested on made-up readings.  ``team`` drops when others use more than ``down`` of a core beyond what a
+    smaller team would leave them, and rises once they use less than ``up``: a neighbour that comes and goes does not
+    flip it every sample."""
+
+    def __init__(self, cpus: int | None = None, interval_s: float = 0.1, smoothing: float = 0.5, down: float = 0.4,
+                 up: float = 0.2, machine: Callable[[], tuple[float, float] | None] = read_machine_ticks,
+                 own: Callable[[], float] = time.process_time, fixed: int | None = None):
+        self.cpus = cpus if cpus is not None else usable_cpus()
+        self.interval_s, self.smoothing, self.down, self.up = interval_s, smoothing, down, up
+        self._machine, self._own = machine, own
+        self.fixed = fixed
+        self.others = 0.0  # cores other programs keep busy (smoothed)
+        self._team = fixed or self.cpus
+        self._last: tuple[float, float, float] | None = None  # busy, total, own
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.changes = 0  # how often the team size changed
+
+    def team(self) -> int:
+        """Threads for a compute call now."""
+        return self._team
+
+    def sample(self) -> int:
+        """One reading: updates ``others`` and ``team``; returns the team."""
+        m = self._machine()
+        if m is None or self.fixed:
+            return self._team
+        now = (m[0], m[1], self._own())
+        last, self._last = self._last, now
+        if last is None or now[1] <= last[1]:
+            return self._team
+        total = now[1] - last[1]  # CPU seconds of every core over the interval
+        wall = total / max(1, os.cpu_count() or 1)
+        others = max(0.0, ((now[0] - last[0]) - (now[2] - last[2])) / wall) if wall > 0 else 0.0
+        self.others += self.smoothing * (others - self.others)
+        self._decide()
+        return self._team
+
+    def _decide(self) -> None:
+        n = self._team
+        while n > 1 and self.others > self.cpus - n + self.down:  # the team's cores are not all free
+            n -= 1
+        while n < self.cpus and self.others < self.cpus - (n + 1) + self.up:  # one more is free
+            n += 1
+        if n != self._team:
+            self._team = n
+            self.changes += 1
+
+    def start(self) -> CpuShare:
+        if self._thread is None and not self.fixed and self._machine() is not None:
+            self.sample()
+            self._thread = threading.Thread(target=self._run, name="cpu-share", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def describe(self) -> str:
+        if self.fixed:
+            return f"compute threads: {self.fixed} ({THREADS_ENV})"
+        return (f"compute threads: up to {self.cpus} (the cores this process may use), fewer while other programs keep "
+                f"cores busy (now {self._team})")
+
+
+_share: CpuShare | None = None
+_share_lock = threading.Lock()
+
+
+def process_share() -> CpuShare:
+    """The process's ``CpuShare``, started on first use (``WAFERVOX_THREADS`` fixes its team)."""
+    global _share
+    with _share_lock:
+        if _share is None:
+            fixed = None
+            raw = os.environ.get(THREADS_ENV, "").strip()
+            if raw:
+                try:
+                    fixed = int(raw)
+                except ValueError:
+                    fixed = 0
+                if fixed < 1:
+                    raise ValueError(f"{THREADS_ENV}={raw!r}: a number of threads >= 1, or unset to follow the free CPU")
+            _share = CpuShare(fixed=fixed).start()
+        return _share
+
+
+def fit() -> int:
+    """Size the calling thread's numba team to the process share's ``team()`` (within numba's pool); returns it."""
+    import numba
+
+    n = max(1, min(process_share().team(), numba.config.NUMBA_NUM_THREADS))
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)
+    return n
