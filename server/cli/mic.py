@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .common import load, loop_config, print_summary, report_printer, voice_flags
+from .common import load, loop_config, print_summary, priority_flag, report_printer, voice_flags
 
 
 def add_parser(sub) -> None:
@@ -13,6 +13,7 @@ def add_parser(sub) -> None:
     m.add_argument("--seconds", type=float, default=0, help="stop after this many seconds (default: until Ctrl-C)")
     m.add_argument("--json", action="store_true", help="JSON Lines: one object per turn, then {\"summary\": ...}")
     voice_flags(m)
+    priority_flag(m)
     m.set_defaults(func=run)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..memory import fixed_mmap_threshold
-from .common import CLIError, load, loop_config, voice_flags
+from .common import CLIError, load, loop_config, priority_flag, voice_flags
 
 
 def add_parser(sub) -> None:
@@ -30,6 +30,7 @@ def add_parser(sub) -> None:
                          "worth; more get HTTP 429 (default 10)")
     sv.add_argument("-v", "--verbose", action="store_true", help="log sessions and errors to stderr")
     voice_flags(sv)
+    priority_flag(sv)
     sv.set_defaults(func=run)
 
 
