@@ -111,6 +111,13 @@ class CpuShare:
             self._team = n
             self.changes += 1
 
+    def pin(self, n: int | None) -> None:
+        """Fix the team at ``n`` threads (benchmarks comparing team sizes); None follows the free CPU again."""
+        self.fixed = n
+        self._team = n or self.cpus
+        if n is None:
+            self.start()
+
     def start(self) -> CpuShare:
         if self._thread is None and not self.fixed and self._machine() is not None:
             self.sample()
@@ -120,7 +127,8 @@ class CpuShare:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.sample()
+            if not self.fixed:
+                self.sample()
 
     def stop(self) -> None:
         self._stop.set()
