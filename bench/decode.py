@@ -102,9 +102,10 @@ class Ours:
     def __init__(self, threads: int, model=None):
         import numba
 
-        from decode import Generator
+        from decode import Generator, cpu
 
         numba.set_num_threads(threads)
+        cpu.process_share().pin(threads)  # every forward pass fits its team to the share: this many threads
         self.gen = Generator(model=model)
         self.model = self.gen.model
         self.run("warm up", decode=4)

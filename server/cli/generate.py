@@ -60,7 +60,11 @@ def run(args) -> int:
     if args.threads:
         import numba
 
-        numba.set_num_threads(max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS)))
+        from decode import cpu
+
+        n = max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(n)
+        cpu.process_share().pin(n)  # a forward pass fits its team to the share: --threads fixes it
     from decode import Generator
     from decode.jit import compile_counts
 
