@@ -108,11 +108,15 @@ def main() -> None:
                          "(llama-cpp-python, started here on the same GGUF, 2 threads) as the --llm backend; "
                          "prints both and their ratio")
     ap.add_argument("--busy", type=int, default=0, metavar="N", help="N busy processes beside the replay (default 0)")
+    ap.add_argument("--asr-threads", type=int, default=None, metavar="N",
+                    help="Whisper encoder's CTranslate2 threads while the cores are free (default: EngineOptions')")
     ap.add_argument("--priority", action="store_true",
                     help="raise this process to nice -10 first, as `wafervox serve` and `mic` do where allowed")
     args = ap.parse_args()
     if not 0 <= args.busy <= 16:
         ap.error("--busy takes 0 to 16 processes")
+
+    from dataclasses import replace
 
     from decode import cpu, qint
     from voice.engines import EngineOptions, load_engines
@@ -126,6 +130,8 @@ def main() -> None:
     if args.priority:
         print(cpu.raise_priority(), flush=True)
     opts = EngineOptions(backend=Backend(args.llm) if args.llm else None)
+    if args.asr_threads:
+        opts = replace(opts, asr_threads=args.asr_threads)
     engines, load_ms = load_engines(opts, progress=lambda m: print(m, flush=True))
     print(f"kernel path: {qint.select().name} (this CPU runs {', '.join(qint.available())}); {cpu.process_share().describe()}",
           flush=True)

