@@ -11,15 +11,26 @@ it.  The logits each caller gets are those of its own sequence, the same as ``fo
 
 ``Generator``, the voice loop and every session use a ``BatchingModel`` like any model, from as many
 threads as they like (one sequence per thread at a time, as always).
+
+Work is served by deadline, earliest first (``deadline(t)``): a caller says by when its work is due (a turn's
+voice-to-voice budget from the user's last voiced sample; an answer already speaking, the moment its audio runs
+out; the next turn's prefill, never), and every job it hands to a compute thread, and its wait for the cores,
+carries that deadline.  A job with none is due now (it has no one to yield to).  So of several sessions the turn
+whose user stopped first gets the next slice, and a session that is only playing out its answer or listening waits
+behind it.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
 import os
 import queue
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -32,14 +43,85 @@ SLICE_TOKENS = 16
 BULK_TOKENS = 96
 
 
+_local = threading.local()
+
+
+def current_deadline() -> float:
+    """The calling thread's deadline (``time.monotonic()`` seconds; ``-inf``, due now, outside ``deadline()``)."""
+    return getattr(_local, "deadline", -math.inf)
+
+
+@contextmanager
+def deadline(t: float | None):
+    """The compute this thread hands out meanwhile is due at ``t`` (``time.monotonic()``; ``math.inf``: whenever the
+    cores are free; None: the deadline in force is kept)."""
+    if t is None:
+        yield
+        return
+    before = current_deadline()
+    _local.deadline = t
+    try:
+        yield
+    finally:
+        _local.deadline = before
+
+
+class Cores:
+    """A lock on the machine's cores, granted by deadline: when it is released, the waiter whose work is due first
+    gets it (the calling thread's ``current_deadline()``; ties in order of arrival).  Used as ``threading.Lock``
+    is (``with cores:``); one holder at a time, not re-entrant."""
+
+    def __init__(self):
+        self._cv = threading.Condition(threading.Lock())
+        self._held = False
+        self._waiting: list = []  # heap of (deadline, arrival)
+        self._arrival = itertools.count()
+        #: grants that went to a later arrival with an earlier deadline (work that would have waited in a queue)
+        self.overtaken = 0
+
+    def acquire(self, due: float | None = None) -> bool:
+        entry = (current_deadline() if due is None else due, next(self._arrival))
+        with self._cv:
+            if not self._held and not self._waiting:
+                self._held = True
+                return True
+            heapq.heappush(self._waiting, entry)
+            while self._held or self._waiting[0] is not entry:
+                self._cv.wait()
+            heapq.heappop(self._waiting)
+            if self._waiting and min(a for _, a in self._waiting) < entry[1]:
+                self.overtaken += 1
+            self._held = True
+            return True
+
+    def release(self) -> None:
+        with self._cv:
+            if not self._held:
+                raise RuntimeError("Cores.release() without acquire()")
+            self._held = False
+            if self._waiting:
+                self._cv.notify_all()
+
+    def locked(self) -> bool:
+        return self._held
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 class _Step:
     """A forward pass asked for by some thread."""
 
-    __slots__ = ("model", "state", "tokens", "pos0", "future")
+    __slots__ = ("model", "state", "tokens", "pos0", "future", "due")
 
-    def __init__(self, model, state, tokens, pos0: int):
+    def __init__(self, model, state, tokens, pos0: int, due: float):
         self.model, self.state, self.tokens, self.pos0 = model, state, tokens, pos0
         self.future: Future = Future()
+        self.due = due
 
     @property
     def single(self) -> bool:
@@ -49,26 +131,75 @@ class _Step:
         _settle(self.future, self.model.forward, self.state, self.tokens, self.pos0)
 
 
+class _Call:
+    """Any function to run on the compute thread."""
+
+    __slots__ = ("fn", "args", "future", "exclusive", "due")
+
+    def __init__(self, fn, args, exclusive: bool, due: float):
+        self.fn, self.args, self.exclusive, self.due = fn, args, exclusive, due
+        self.future: Future = Future()
+
+
+class _Inbox:
+    """The compute thread's queue: jobs by deadline, earliest first (in order of arrival among equals)."""
+
+    def __init__(self):
+        self._cv = threading.Condition(threading.Lock())
+        self._heap: list = []
+        self._arrival = itertools.count()
+
+    def put(self, job, due: float) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, (due, next(self._arrival), job))
+            self._cv.notify()
+
+    def get(self, timeout: float | None = None):
+        """The job due first; raises ``queue.Empty`` after ``timeout`` seconds (None: waits for one)."""
+        with self._cv:
+            if not self._heap and not self._cv.wait_for(lambda: self._heap, timeout):
+                raise queue.Empty
+            return heapq.heappop(self._heap)[2]
+
+    def get_nowait(self):
+        with self._cv:
+            if not self._heap:
+                raise queue.Empty
+            return heapq.heappop(self._heap)[2]
+
+    def take_steps(self, model, n: int) -> list:
+        """Up to ``n`` waiting single-token steps on ``model``, whatever their deadlines (earliest first): they ride
+        along in one batched pass."""
+        with self._cv:
+            found = sorted(e for e in self._heap if isinstance(e[2], _Step) and e[2].single and e[2].model is model)[:n]
+            if found:
+                taken = {id(e[2]) for e in found}
+                self._heap = [e for e in self._heap if id(e[2]) not in taken]
+                heapq.heapify(self._heap)
+            return [e[2] for e in found]
+
+
 _WAKE = object()  # put in the queue when a bulk slice arrives: the thread looks again
 
 
 class ComputeThread:
     """The thread that makes every numba call: ``call(fn, *args)`` runs ``fn`` there and returns its
     result (or raises its exception); ``step(model, state, tokens, pos0)`` is a forward pass that may be
-    batched with other sequences' single-token steps waiting at the same time (``batches`` counts them)."""
+    batched with other sequences' single-token steps waiting at the same time (``batches`` counts them).  Jobs run
+    in the order of their callers' deadlines (``deadline()``), and take the cores (``Cores``) by the same."""
 
-    def __init__(self, name: str = "decode", max_batch: int = MAX_BATCH, cores: threading.Lock | None = None,
+    def __init__(self, name: str = "decode", max_batch: int = MAX_BATCH, cores: Cores | None = None,
                  quiet_s: float = 0.02, nice: int = 0, idle: bool = False):
         self.max_batch = max_batch
         #: held while a job runs: engines that share one (the decode core, Whisper, the voice) never run
         #: their thread teams at the same time on the same cores
-        self.cores = cores if cores is not None else threading.Lock()
+        self.cores = cores if cores is not None else Cores()
         self.batches: dict[int, int] = {}  # batch size -> passes run with it
         self.quiet_s = quiet_s
         self.nice = nice  # the thread's own scheduling niceness (Linux; threads it starts inherit it)
         #: run under SCHED_IDLE (Linux): only on CPU time nothing else wants, its thread teams too (they inherit it)
         self.idle = idle
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._q = _Inbox()
         self._bulk: queue.SimpleQueue = queue.SimpleQueue()  # slices of long prefills, run when nothing else is
         self._last_work = 0.0  # monotonic end of the last job that was not bulk
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
@@ -81,9 +212,9 @@ class ComputeThread:
         others wait for, such as a long utterance's transcription: both then go slower, neither stops)."""
         if threading.current_thread() is self._thread:
             return fn(*args)
-        fut: Future = Future()
-        self._q.put((fn, args, fut, exclusive))
-        return fut.result()
+        job = _Call(fn, args, exclusive, current_deadline())
+        self._q.put(job, job.due)
+        return job.future.result()
 
     def step(self, model, state, tokens, pos0: int, bulk: bool = False):
         """``bulk``: a slice of a long prefill, run only when no other work waits and none ran for ``quiet_s`` (the
@@ -91,24 +222,21 @@ class ComputeThread:
         next piece by at most one slice)."""
         if threading.current_thread() is self._thread:
             return model.forward(state, tokens, pos0)
-        job = _Step(model, state, np.asarray(tokens, dtype=np.int64), pos0)
+        job = _Step(model, state, np.asarray(tokens, dtype=np.int64), pos0, math.inf if bulk else current_deadline())
         if bulk:
             self._bulk.put(job)
-            self._q.put(_WAKE)
+            self._q.put(_WAKE, -math.inf)
         else:
-            self._q.put(job)
+            self._q.put(job, job.due)
         return job.future.result()
 
     def close(self) -> None:
-        self._q.put(None)
+        self._q.put(None, math.inf)
 
     # -- the thread ------------------------------------------------------------------------------
 
-    def _next(self, pending: list):
-        """The next job: one set aside by batching, else the queue's; a bulk slice only once the queue has been
-        empty for ``quiet_s``."""
-        if pending:
-            return pending.pop(0), False
+    def _next(self):
+        """The next job: the queue's earliest due; a bulk slice only once the queue has been empty for ``quiet_s``."""
         while True:
             try:
                 job = self._q.get_nowait()
@@ -138,41 +266,28 @@ class ComputeThread:
                 os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
             except (OSError, AttributeError):  # not Linux: the niceness alone
                 pass
-        pending: list = []
         while True:
-            job, bulk = self._next(pending)
+            job, bulk = self._next()
             if job is None:
                 return
-            if isinstance(job, tuple) and not job[3]:
-                self._serve_one(job, pending)
+            if isinstance(job, _Call) and not job.exclusive:
+                self._serve_one(job)
             else:
-                with self.cores:
-                    self._serve_one(job, pending)
+                with deadline(job.due):  # (and whatever the job hands on, the voice's chunks, waits by it)
+                    with self.cores:
+                        self._serve_one(job)
             if not bulk:
                 self._last_work = time.monotonic()
             job = None  # not kept while waiting for the next: a finished job holds its sequence's state (a closed
             # session's KV cache would live until another job came)
 
-    def _serve_one(self, job, pending: list) -> None:
-        if isinstance(job, _Step) and job.single:
-            batch = [job]
-            while len(batch) < self.max_batch:  # everything already waiting: the other sessions' steps
-                try:
-                    nxt = self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is _WAKE:
-                    continue
-                if isinstance(nxt, _Step) and nxt.single and nxt.model is job.model:
-                    batch.append(nxt)
-                else:
-                    pending.append(nxt)  # served next, in its turn
-            self._run_batch(batch)
+    def _serve_one(self, job) -> None:
+        if isinstance(job, _Step) and job.single:  # with everything already waiting: the other sessions' steps
+            self._run_batch([job, *self._q.take_steps(job.model, self.max_batch - 1)])
         elif isinstance(job, _Step):
             job.run_alone()
         else:
-            fn, args, fut, _ = job
-            _settle(fut, fn, *args)
+            _settle(job.future, job.fn, *job.args)
 
     def _run_batch(self, batch: list[_Step]) -> None:
         self.batches[len(batch)] = self.batches.get(len(batch), 0) + 1

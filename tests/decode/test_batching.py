@@ -174,3 +174,61 @@ def test_a_long_prompt_goes_in_slices_with_the_same_result_and_yields_to_other_w
         assert all(float(o.split()[1]) < 0.5 for o in order[:-1])
     finally:
         compute.close()
+
+
+def test_the_cores_go_to_the_earliest_deadline_not_the_first_arrival():
+    from decode.batching import Cores, deadline
+
+    cores = Cores()
+    order: list[float] = []
+
+    def wait(due):
+        with deadline(due), cores:
+            order.append(due)
+
+    cores.acquire()
+    threads = []
+    for due in (3.0, 1.0, 2.0):  # arriving in this order, while the cores are held
+        t = threading.Thread(target=wait, args=(due,))
+        t.start()
+        threads.append(t)
+        time.sleep(0.05)
+    cores.release()
+    for t in threads:
+        t.join(10)
+    assert order == [1.0, 2.0, 3.0]
+    assert cores.overtaken == 2 and not cores.locked()
+    with pytest.raises(RuntimeError, match="without acquire"):
+        cores.release()
+
+
+def test_the_compute_thread_serves_waiting_work_by_deadline():
+    import math
+
+    from decode.batching import current_deadline, deadline
+
+    compute = ComputeThread("test-deadline")
+    try:
+        hold = threading.Event()
+        busy = threading.Thread(target=compute.call, args=(hold.wait, 5))
+        busy.start()
+        time.sleep(0.1)
+        order: list[tuple[str, float]] = []
+
+        def ask(name, due):
+            with deadline(due):
+                compute.call(lambda: order.append((name, current_deadline())))
+
+        threads = []
+        for name, due in (("later", 50.0), ("never", math.inf), ("soon", 10.0), ("now", None)):
+            t = threading.Thread(target=ask, args=(name, due))
+            t.start()
+            threads.append(t)
+            time.sleep(0.05)
+        hold.set()
+        for t in threads + [busy]:
+            t.join(10)
+        # each job runs under its caller's deadline (what it hands on waits by it); no deadline is due now
+        assert order == [("now", -math.inf), ("soon", 10.0), ("later", 50.0), ("never", math.inf)]
+    finally:
+        compute.close()
