@@ -31,16 +31,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def play_all(engines, config, fast: bool) -> list:
-    """Every sample conversation but the default one, through ``engines``; prints each turn; returns the reports."""
-    from voice.replay import SAMPLES, manifest, play_conversation
+def play_all(engines, config, fast: bool, wavs: list[str] | None = None) -> list:
+    """Every sample conversation but the default one (or ``wavs``, as one conversation), through ``engines``; prints each
+    turn; returns the reports."""
+    from _serve import conversations
+
+    from voice.replay import play_conversation
 
     reports = []
-    for name, files in manifest()["conversations"].items():
-        if name == "default":
-            continue
+    for name, files in conversations(wavs):
         engines.llm.reset()
-        reps, _ = play_conversation(engines, [SAMPLES / f for f in files], realtime=not fast, config=config)
+        reps, _ = play_conversation(engines, files, realtime=not fast, config=config)
         for r in reps:
             lat = r.latency_ms
             print(f"  {name:8s} turn {r.turn}: v2v {lat['voice_to_voice_ms'] or float('nan'):6.0f} ms  "
@@ -71,6 +72,7 @@ def report(reports: list, budget_ms: float, fast: bool) -> dict:
         print(f"{name:22s} {p50 if p50 is not None else float('nan'):8.0f} {p95 if p95 is not None else float('nan'):8.0f} "
               f"{bar if bar else '-':>8}" + ("" if bar is None or p50 is None else f"   {p50 / bar:.2f}x bar"))
     print("end-of-turn rules: " + ", ".join(f"{k} {n}" for k, n in s["end_of_turn_rules"].items()))
+    print("mitigations (turns): " + (", ".join(f"{k} {n}" for k, n in s["mitigations"].items()) or "none"))
     return s
 
 
@@ -99,6 +101,8 @@ def main() -> None:
     ap.add_argument("--fast", action="store_true", help="virtual clock instead of real-time pacing")
     ap.add_argument("--budget-ms", type=float, default=500.0)
     ap.add_argument("--json", metavar="FILE", help="also write the reports and the summary as JSON")
+    ap.add_argument("--wavs", nargs="+", metavar="WAV", help="replay these recordings (one conversation, in this order) "
+                    "instead of the sample conversations")
     ap.add_argument("--turn-end", choices=("semantic", "silence"), default="semantic",
                     help="semantic end of turn (default) or plain 400 ms silence")
     which = ap.add_mutually_exclusive_group()
@@ -107,6 +111,7 @@ def main() -> None:
                     help="one run, two passes: the local decode core, then llama.cpp's OpenAI-compatible server "
                          "(llama-cpp-python, started here on the same GGUF, 2 threads) as the --llm backend; "
                          "prints both and their ratio")
+    ap.add_argument("--no-mitigation", action="store_true", help="never degrade a turn forecast late (voice.mitigation)")
     ap.add_argument("--busy", type=int, default=0, metavar="N", help="N busy processes beside the replay (default 0)")
     ap.add_argument("--asr-threads", type=int, default=None, metavar="N",
                     help="Whisper encoder's CTranslate2 threads while the cores are free (default: EngineOptions')")
@@ -126,6 +131,8 @@ def main() -> None:
     config = LoopConfig(budget_ms=args.budget_ms)
     if args.turn_end == "silence":
         config = LoopConfig(budget_ms=args.budget_ms, end_of_turn=None)
+    if args.no_mitigation:
+        config = replace(config, mitigation=None)
 
     if args.priority:
         print(cpu.raise_priority(), flush=True)
@@ -160,14 +167,14 @@ def run_passes(args, engines, config) -> tuple[dict, dict]:
         sys.path.append(str(ROOT / "tests"))
         import llama_server
 
-        turns["local decode core"] = play_all(engines, config, args.fast)
+        turns["local decode core"] = play_all(engines, config, args.fast, args.wavs)
         passes["local decode core"] = report(turns["local decode core"], args.budget_ms, args.fast)
         server = llama_server.start(log_dir=Path(tempfile.mkdtemp(prefix="wafervox-llama-")))
         try:
             remote = OpenAIConversation(Backend(server.base_url), persona=engines.llm.persona, max_tokens=engines.llm.max_tokens)
             remote.warmup()
             print(f"\nllama.cpp server ready in {server.startup_s:.1f} s at {server.base_url}", flush=True)
-            turns["--llm llama.cpp server"] = play_all(replace(engines, llm=remote), config, args.fast)
+            turns["--llm llama.cpp server"] = play_all(replace(engines, llm=remote), config, args.fast, args.wavs)
         finally:
             server.stop()
         passes["--llm llama.cpp server"] = report(turns["--llm llama.cpp server"], args.budget_ms, args.fast)
@@ -179,7 +186,7 @@ def run_passes(args, engines, config) -> tuple[dict, dict]:
         print(f"v2v p50 ratio ({b} / {a}): {sb['voice_to_voice_ms']['p50'] / sa['voice_to_voice_ms']['p50']:.2f}x; "
               f"first phrase: {sb['first_phrase_ms']['p50'] / sa['first_phrase_ms']['p50']:.2f}x")
     else:
-        turns["this run"] = play_all(engines, config, args.fast)
+        turns["this run"] = play_all(engines, config, args.fast, args.wavs)
         passes["this run"] = report(turns["this run"], args.budget_ms, args.fast)
     return turns, passes
 
