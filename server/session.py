@@ -697,8 +697,8 @@ class RealtimeSession:
 
     def play(self, t: float, pcm: np.ndarray) -> None:
         a = self._answer
-        if a is None:  # only answers go on the wire (no acknowledgement sounds)
-            return
+        if a is None or pcm is self.loop.e.ack_pcm:  # only answers go on the wire (no acknowledgement sounds: a client
+            return  # would take one for the answer's first audio)
         self._audio(a, self._out_rs(pcm))
 
     def _audio(self, a: _Answer, pcm: np.ndarray) -> None:

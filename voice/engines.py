@@ -194,11 +194,11 @@ class _LongTranscriber:
         self._asr = None
         self._lock = threading.Lock()
 
-    def transcribe(self, audio, *, speculative: bool = False):
+    def transcribe(self, audio, *, speculative: bool = False, short: bool = False):
         def run():
             if self._asr is None:
                 self._asr = self.make()
-            return self._asr.transcribe(audio, speculative=speculative)
+            return self._asr.transcribe(audio, speculative=speculative, short=short)
 
         with self._lock:  # one long transcription at a time
             return self.compute.call(run, exclusive=False)
@@ -208,10 +208,10 @@ class _ComputeTranscriber:
     def __init__(self, inner, compute: ComputeThread, long: _LongTranscriber | None = None):
         self.inner, self.compute, self.long = inner, compute, long
 
-    def transcribe(self, audio, *, speculative: bool = False):
+    def transcribe(self, audio, *, speculative: bool = False, short: bool = False):
         if self.long is not None and len(audio) > LONG_UTTERANCE_S * ASR_RATE:
-            return self.long.transcribe(audio, speculative=speculative)
-        return self.compute.call(lambda: self.inner.transcribe(audio, speculative=speculative))
+            return self.long.transcribe(audio, speculative=speculative, short=short)
+        return self.compute.call(lambda: self.inner.transcribe(audio, speculative=speculative, short=short))
 
 
 class _LockedSynthesizer:

@@ -45,6 +45,7 @@ class TurnTrace:
     reply: str = ""
     barge_in: bool = False
     end_of_turn: dict | None = None  # what ended the user's turn: score, rule, silence waited (voice.loop)
+    forecast_ms: float | None = None  # voice-to-voice as forecast when a mitigation was last weighed (voice.mitigation)
 
     def mark(self, name: str, t: float, overwrite: bool = False) -> None:
         if name not in MARKS:
@@ -59,7 +60,7 @@ class TurnTrace:
     def report(self, simulated: dict | None = None) -> TurnReport:
         return TurnReport(turn=self.turn, transcript=self.transcript, reply=self.reply, budget_ms=self.budget_ms,
                           stamps=dict(self.stamps), mitigations=tuple(self.mitigations), barge_in=self.barge_in,
-                          simulated=simulated, end_of_turn=self.end_of_turn)
+                          simulated=simulated, end_of_turn=self.end_of_turn, forecast_ms=self.forecast_ms)
 
 
 def _span(stamps, a, b):
@@ -85,6 +86,9 @@ class TurnReport:
     #: ``silence_ms`` waited after the last voiced sample, and with a score ``p_end``, ``p_token``, ``source``,
     #: ``stop_ms``, ``eagerness``; None for a typed turn
     end_of_turn: dict | None = None
+    #: voice-to-voice as forecast (ms) the last time the loop weighed degrading the turn (``voice.mitigation``); the
+    #: steps taken are in ``mitigations``; None: never weighed (a typed turn, or mitigation off)
+    forecast_ms: float | None = None
 
     @property
     def work_ms(self) -> dict[str, float | None]:
@@ -140,6 +144,7 @@ class TurnReport:
             "within_budget": self.within_budget,
             "overrun_ms": None if math.isinf(self.overrun_ms) else round(self.overrun_ms, 1),
             "mitigation": self.mitigation,
+            "forecast_ms": None if self.forecast_ms is None else round(self.forecast_ms, 1),
             "barge_in": self.barge_in,
             "simulated": self.simulated,
         }
@@ -168,6 +173,8 @@ def summarize(reports: list[TurnReport]) -> dict:
         out[name] = _p50_p95([r.work_ms[name] for r in reports])
     rules = [r.end_of_turn["rule"] for r in reports if r.end_of_turn]
     out["end_of_turn_rules"] = {rule: rules.count(rule) for rule in sorted(set(rules))}
+    taken = [m for r in reports for m in r.mitigations]
+    out["mitigations"] = {m: taken.count(m) for m in dict.fromkeys(taken)}  # turns that took each, first seen first
     answered = [r for r in reports if r.voice_to_voice_ms is not None]
     out["within_budget"] = sum(r.within_budget for r in reports)
     out["budget_hit_rate"] = round(out["within_budget"] / len(reports), 3) if reports else None

@@ -23,11 +23,15 @@ answer).
 
 from __future__ import annotations
 
+import math
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
+
+from decode.batching import deadline
 
 from .audio import AudioChunk
 from .errors import LLMBackendError
@@ -46,7 +50,9 @@ from .loop_events import (
     UserSpeechStarted,
     UserSpeechStopped,
 )
-from .phrases import PhraseChunker
+from .mitigation import ORDER as MITIGATION_ORDER
+from .mitigation import Mitigation
+from .phrases import PhraseChunker, PhraseConfig
 from .playout import Playout
 from .protocols import ASR_RATE, Clock, Conversation, FunctionCallPiece, Sink, Synthesizer, Transcriber
 from .turn_end import TurnEndScorer, scoring_context
@@ -103,6 +109,10 @@ class _Response:
     calls: list = field(default_factory=list)  # tool-call pieces held until the answer is released
     called: bool = False  # the reply called a tool
     error: str | None = None  # the LLM backend failed (``LLMBackendError``): the turn ends with what was spoken
+    steps: list[str] = field(default_factory=list)  # mitigation steps planned for it (``voice.mitigation.ORDER``)
+    used: list[str] = field(default_factory=list)  # ... and those that changed what it did
+    forecast_ms: float | None = None  # its voice-to-voice as last forecast
+    chunker: PhraseChunker | None = None  # its reply's phrase chunker, once the reply started
 
     def stamp(self, name: str, t: float) -> None:
         self.stamps.setdefault(name, t)
@@ -132,6 +142,7 @@ class VoiceLoop:
         self.turns = TurnMachine()
         self.input = InputBuffer(clock)
         self.playout = Playout()  # in seconds on the clock
+        self.mitigation = Mitigation(self.cfg.mitigation)  # recent stage costs, and what a late turn gives up
         self.reports: list[TurnReport] = []
         self.barge_ins: list[BargeIn] = []
         self._trace: TurnTrace | None = None
@@ -281,6 +292,9 @@ class VoiceLoop:
             self._task = spec
             spec.speculative = False
             self._release(spec)
+            if not spec.answered:  # what the endpoint's wait left of the budget
+                ahead = ("asr",) * ("transcript" not in spec.stamps) + ("first_phrase",) * ("first_phrase" not in spec.stamps)
+                self._mitigate(spec, ahead + ("tts",))
         else:
             if spec is not None:
                 self._close(spec)
@@ -439,7 +453,8 @@ class VoiceLoop:
         for r in (self._task, self._spec):
             if r is not None and r.ready(now):
                 try:
-                    next(r.gen)
+                    with deadline(self._due(r, now)):
+                        next(r.gen)
                 except StopIteration:
                     r.finished = True
                 self._apply_stop()
@@ -451,18 +466,47 @@ class VoiceLoop:
             return True
         if self._prepare_due():
             self._prepare = False
-            with self.clock.working():
+            with self.clock.working(), deadline(math.inf):  # nobody waits for it: after every other session's turn
                 self.e.llm.prepare()
             return True
         self._housekeeping()
         return False
 
+    def _mitigate(self, r: _Response, ahead: tuple[str, ...]) -> list[str]:
+        """Forecast ``r``'s voice-to-voice with the stages ``ahead`` still to run, and take the steps of
+        ``voice.mitigation.ORDER`` it calls for (a step once taken stays); returns the steps taken so far."""
+        if self.cfg.mitigation is None or r.fixed is not None or r.answered:
+            return r.steps
+        self.mitigation.cfg = self.cfg.mitigation  # (the settings in force: ``configure`` may have changed them)
+        elapsed_ms = (self.clock.now() - self.audio_time(r.last_voiced)) * 1000
+        r.forecast_ms = self.mitigation.forecast_ms(elapsed_ms, ahead)
+        ack = self.e.ack_pcm
+        ack_end_ms = None if ack is None else self.cfg.ack_after_ms + len(ack) * 1000 / self.e.tts.sample_rate
+        for step in self.mitigation.plan(r.forecast_ms, self.cfg.budget_ms, ack_end_ms):
+            if step not in r.steps:
+                r.steps.append(step)
+        c = r.chunker
+        if "short_first_phrase" in r.steps and c is not None and "short_first_phrase" not in r.used and c.at_start():
+            c.config = PhraseConfig(min_first_words=1, max_first_words=1, max_words=c.config.max_words)
+            r.used.append("short_first_phrase")
+        return r.steps
+
+    def _due(self, r: _Response, now: float) -> float:
+        """When ``r``'s next piece of work is due, on ``time.monotonic()`` (the compute shared with other sessions is
+        served earliest deadline first, ``decode.batching.deadline``): before its first audio, the budget after the
+        user's last voiced sample; once speaking, the moment the audio handed out so far runs out."""
+        local = self.playout.cursor if r.answered else self.audio_time(r.last_voiced) + self.cfg.budget_ms / 1000
+        return time.monotonic() + (local - now)
+
     def _respond(self, r: _Response, audio: np.ndarray | None, text: str | None = None):
         clock = self.clock
         if text is None:
             r.stamp("asr_start", clock.now())
-            with clock.working():
-                tr = self.e.transcriber.transcribe(audio, speculative=r.speculative)
+            short = "short_asr_window" in self._mitigate(r, ("asr", "first_phrase", "tts"))
+            if short:
+                r.used.append("short_asr_window")
+            with clock.working():  # (``short`` only when asked for: a transcriber without it still works)
+                tr = self.e.transcriber.transcribe(audio, speculative=r.speculative, **({"short": True} if short else {}))
             if tr.retry:  # degenerate at a pause: no answer from it; the endpoint transcribes afresh
                 r.failed = True
                 return
@@ -481,7 +525,8 @@ class VoiceLoop:
         if r.speculative and self._semantic():
             self._judge_turn_end(r)
             yield
-        chunker = PhraseChunker()
+        chunker = r.chunker = PhraseChunker()
+        self._mitigate(r, ("first_phrase", "tts"))
         llm = self.e.llm
         sentences = 0
         start = clock.now()
@@ -623,7 +668,7 @@ class VoiceLoop:
         if r is None or tr is None:
             return
         now = self.clock.now()
-        if self.cfg.ack and not r.answered and "ack" not in tr.mitigations and self.e.ack_pcm is not None:
+        if (self.cfg.ack or "ack" in r.steps) and not r.answered and "ack" not in tr.mitigations and self.e.ack_pcm is not None:
             lv = tr.stamps.get("last_voiced")
             if lv is not None and now >= lv + self.cfg.ack_after_ms / 1000:
                 t = self.playout.schedule(now, len(self.e.ack_pcm) / self.e.tts.sample_rate)
@@ -645,6 +690,10 @@ class VoiceLoop:
         tr.transcript = r.transcript
         tr.reply = spoken
         tr.end_of_turn = self._end_of_turn_info(r, tr)
+        tr.forecast_ms = r.forecast_ms
+        # the steps that changed the turn, in their fixed order after the others (speculative, cancelled)
+        taken = set(r.used) | set(tr.mitigations)
+        tr.mitigations = [m for m in tr.mitigations if m not in MITIGATION_ORDER] + [m for m in MITIGATION_ORDER if m in taken]
         tr.mark("done", cut_at if cut_at is not None else max(self.clock.now(), self.playout.cursor))
         self.playout.next_answer()
         self._task = None
@@ -664,6 +713,7 @@ class VoiceLoop:
         report = tr.report(simulated=project(dict(tr.stamps), dict(r.sim), tr.budget_ms) if project and r.sim else None)
         if "last_voiced" in tr.stamps:  # typed turns have no voice-to-voice: kept out of the voice figures
             self.reports.append(report)
+            self.mitigation.observe(report)
         self._emit(TurnEnded(transcript=r.transcript, spoken=spoken, reason=reason, report=report, error=r.error,
                              called=r.called))
         if self.on_report:

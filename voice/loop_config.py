@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .mitigation import MitigationConfig
 from .turn_end import TurnEndPolicy
 from .vad import EndpointerConfig
 
@@ -24,7 +25,9 @@ MAX_PADDING_MS = 1000
 class LoopConfig:
     budget_ms: float = 500.0
     speculative: bool = True  # transcribe and start answering at a pause
-    ack: bool = False  # play a short acknowledgement when the answer is late
+    ack: bool = False  # play a short acknowledgement when the answer is late (every turn; else as a mitigation)
+    #: a turn forecast over the budget degrades in a fixed order (``voice.mitigation``); None: never
+    mitigation: MitigationConfig | None = field(default_factory=MitigationConfig)
     ack_after_ms: float = 400.0  # ... if no answer audio this long after the last voiced sample
     max_sentences: int = 2  # spoken-style answers: stop after this many sentences
     padding_ms: int = 200  # audio kept around the utterance for the ASR

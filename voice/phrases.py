@@ -81,6 +81,10 @@ class PhraseChunker:
         self._buf += text_piece.translate(_UNSPOKEN)
         self._release(final=False)
 
+    def at_start(self) -> bool:
+        """Nothing released yet: the first phrase's limits may still change (``config``)."""
+        return self._index == 0 and not self._out
+
     def drain(self) -> list[Phrase]:
         out, self._out = self._out, []
         return out

@@ -26,9 +26,10 @@ class Transcript:
 
 class Transcriber(Protocol):
     """Utterance audio (float32 mono at ``ASR_RATE``, -1..1) -> text.  ``speculative``: the utterance may not be
-    over (a pause); a transcriber may then skip its slow retries and say so (``Transcript.retry``)."""
+    over (a pause); a transcriber may then skip its slow retries and say so (``Transcript.retry``).  ``short``: the
+    turn is late (``voice.mitigation``): a faster, less careful transcription if it has one."""
 
-    def transcribe(self, audio: np.ndarray, *, speculative: bool = False) -> Transcript: ...
+    def transcribe(self, audio: np.ndarray, *, speculative: bool = False, short: bool = False) -> Transcript: ...
 
 
 class Synthesizer(Protocol):

@@ -37,6 +37,10 @@ def voice_flags(sp) -> None:
                     help="do not start answering at a pause (turns then end on silence alone: the semantic end of turn "
                          "scores the speculative transcript)")
     sp.add_argument("--ack", action="store_true", help="play a short acknowledgement when the answer is late")
+    sp.add_argument("--no-mitigation", action="store_true",
+                    help="never degrade a turn forecast over the budget (by default it gives up, in this order as the "
+                         "overrun grows: a two-word first phrase for one word, then plays the acknowledgement, then reads "
+                         "a shorter Whisper window; the report's mitigation names what was taken)")
     sp.add_argument("--persona", metavar="JSON", help='system prompt and examples: {"system": "...", "examples": [[q, a], ...]} '
                                                       "(default: the Bright Bakery persona the samples use)")
     sp.add_argument("--deployment", "--emulate", dest="deployment", metavar="MODEL@HWxN[:BITSbit][,batch=N]",
@@ -72,6 +76,8 @@ def loop_config(args):
     if silence is not None and turn_end != "silence":
         raise CLIError("--silence-ms needs --turn-end silence (the semantic end of turn picks its own silence)")
     cfg = LoopConfig(budget_ms=args.budget_ms, speculative=not args.no_speculative, ack=args.ack, pace=args.pace)
+    if getattr(args, "no_mitigation", False):
+        cfg = replace(cfg, mitigation=None)
     if turn_end == "silence":
         ep = cfg.endpointer
         if silence is not None and not ep.pause_ms < silence <= MAX_STOP_MS:
@@ -210,7 +216,8 @@ def print_turn(console, r) -> None:
         t.add_column(label, justify="right")
     t.add_row(*(fmt_ms(lat[k]) for k, _ in STAGE_LABELS))
     console.print(t)
-    console.print(f"        {verdict} (budget {r.budget_ms:.0f} ms), mitigation: {r.mitigation}")
+    forecast = "" if r.forecast_ms is None or r.forecast_ms <= r.budget_ms else f" (forecast {r.forecast_ms:.0f} ms)"
+    console.print(f"        {verdict} (budget {r.budget_ms:.0f} ms), mitigation: {r.mitigation}{forecast}")
     eot = r.end_of_turn
     if eot:
         score = f"P(end) {eot['p_end']:.2f} ({eot['source']}), " if "p_end" in eot else ""

@@ -82,6 +82,17 @@ def test_window_is_sized_to_the_utterance(transcriber, question_audio):
     assert wer(QUESTION, result.text) == 0
 
 
+def test_a_late_turn_reads_a_shorter_window_with_the_same_words(transcriber, question_audio):
+    from voice.asr import SHORT_WINDOW
+
+    usual = transcriber.transcribe(question_audio)
+    usual_window = transcriber.last_window_s
+    short = transcriber.transcribe(question_audio, short=True)
+    assert transcriber.last_window_s == window_for(short.audio_s + transcriber.lead_pad_s, min_window_s=SHORT_WINDOW[0],
+                                                   pad_s=SHORT_WINDOW[1], step_s=transcriber.step_s) < usual_window
+    assert words(short.text) == words(usual.text) and transcriber.last_fallback is None
+
+
 def test_window_policy():
     assert window_for(3.3, min_window_s=8, pad_s=3, step_s=1) == 8
     assert window_for(6.2, min_window_s=8, pad_s=3, step_s=1) == 10

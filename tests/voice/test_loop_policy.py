@@ -57,10 +57,12 @@ class ScriptedTranscriber:
     def __init__(self, clock: StandInClock, texts: list[str], cost_s: float = 0.05):
         self.clock, self.texts, self.cost_s = clock, list(texts), cost_s
         self.heard: list[int] = []  # samples of each utterance transcribed
+        self.short: list[bool] = []  # each transcription asked to be short (a late turn)
 
-    def transcribe(self, audio: np.ndarray, *, speculative: bool = False) -> Transcript:
+    def transcribe(self, audio: np.ndarray, *, speculative: bool = False, short: bool = False) -> Transcript:
         self.clock.spend(self.cost_s)
         self.heard.append(len(audio))
+        self.short.append(short)
         text = self.texts.pop(0)
         retry = text is None  # scripted: a degenerate speculative transcription
         return Transcript(text=text or "", audio_s=len(audio) / ASR_RATE, compute_ms=self.cost_s * 1000, retry=retry)
@@ -158,8 +160,14 @@ STOPPED = SpeechStopped(sample=30400, first_voiced_sample=FIRST, last_voiced_sam
 
 
 class Scene:
+    """``mitigate``: the loop degrades turns forecast late (``voice.mitigation``); off unless a test is about it, since
+    the scene's 400 ms end-of-turn silence alone forecasts most of its turns late."""
+
     def __init__(self, config: LoopConfig | None = None, texts=(QUESTION,), replies=None, asr_cost_s: float = 0.05,
-                 ack_pcm: np.ndarray | None = None):
+                 ack_pcm: np.ndarray | None = None, mitigate: bool = False):
+        config = config or LoopConfig()
+        if not mitigate:
+            config = replace(config, mitigation=None)
         self.clock = StandInClock()
         self.asr = ScriptedTranscriber(self.clock, list(texts), asr_cost_s)
         self.llm = ScriptedConversation(self.clock, replies or {QUESTION: ANSWER})
@@ -356,6 +364,46 @@ def test_without_speculation_a_pause_starts_nothing():
     assert s.asr.heard == [LAST + 3200 - 4800]
     (r,) = s.loop.reports
     assert r.mitigations == () and r.stamps["transcript"] == _approx(1.95)
+
+
+def test_each_piece_of_work_carries_its_deadline_for_the_shared_compute():
+    """Before the first audio a turn's work is due at the budget after the last voiced sample; once it speaks, when its
+    audio runs out; the next turn's prefill, never (``decode.batching``: shared compute is served earliest first)."""
+    import math
+    import time
+
+    from decode.batching import current_deadline
+
+    s = Scene(LoopConfig(speculative=False))
+    seen: list[tuple[str, float, float]] = []  # (what, clock time, seconds from then to its deadline)
+
+    def note(what):
+        seen.append((what, s.clock.now(), current_deadline() - time.monotonic()))
+
+    transcribe, prepare = s.asr.transcribe, s.llm.prepare
+    synth = s.loop.e.tts.synthesize
+    s.asr.transcribe = lambda audio, speculative=False, short=False: (note("asr"), transcribe(audio, speculative=speculative))[1]
+    s.llm.prepare = lambda: (note("prepare"), prepare())[1]
+
+    def synthesize(text):
+        note(f"tts {text}")
+        yield from synth(text)
+
+    s.loop.e.tts.synthesize = synthesize
+    s.at(STARTED.sample, STARTED)
+    s.at(STOPPED.sample, STOPPED)
+    s.loop.finish()
+    due = LAST / ASR_RATE + 0.5  # the budget after the last voiced sample
+    by = {what: (t, slack) for what, t, slack in seen}
+    assert set(by) == {"asr", "tts Sure.", "tts We open at nine.", "prepare"}
+    for what in ("asr", "tts Sure."):
+        t, slack = by[what]
+        assert slack == pytest.approx(due - t, abs=0.05), what
+    t, slack = by["tts We open at nine."]
+    first_audio = s.sink.calls[0][1]
+    assert slack == pytest.approx(first_audio + 0.25 - t, abs=0.05)  # "Sure." plays for 250 ms
+    assert by["prepare"][1] == math.inf
+    assert current_deadline() == -math.inf  # nothing left in force on the driver's thread
 
 
 # -- barge-in ----------------------------------------------------------------------------------------------------------
@@ -738,3 +786,93 @@ def test_idle_timeout_prompts_the_silent_user_once_per_answer():
     quiet = Scene()  # no idle timeout by default
     quiet.silence_until(ASR_RATE * 40)
     assert quiet.events == []
+
+
+# -- a turn that cannot make its budget degrades in a fixed order (voice.mitigation) -------------------------------------
+
+LONG_ANSWER = "We open at nine tomorrow."  # first phrase "We open" (two words at most), or "We" when it is cut short
+
+
+def _late_scene(stop_after_ms: float, asr_cost_s: float = 0.05) -> Scene:
+    """No speculation: the transcription starts at the stop, ``stop_after_ms`` after the last voiced sample."""
+    s = Scene(LoopConfig(speculative=False), replies={QUESTION: LONG_ANSWER}, asr_cost_s=asr_cost_s, ack_pcm=ACK, mitigate=True)
+    s.at(STARTED.sample, STARTED)
+    last_s = (LAST + 1) / ASR_RATE
+    stop = round((last_s + stop_after_ms / 1000) * ASR_RATE)
+    s.at(stop, SpeechStopped(sample=stop, first_voiced_sample=FIRST, last_voiced_sample=LAST, start_pad=4800, end_pad=stop))
+    s.loop.finish()
+    return s
+
+
+def _phrases(s: Scene) -> list[str]:
+    return [e.text for e in s.events if isinstance(e, PhraseStarted)]
+
+
+def test_a_turn_forecast_within_budget_gives_up_nothing():
+    s = _late_scene(stop_after_ms=150)
+    (r,) = s.loop.reports
+    assert r.mitigations == () and _phrases(s) == ["We open", "at nine tomorrow."] and s.asr.short == [False]
+    # forecast once the transcript is in: 150 ms waited + 50 of ASR + the default first phrase (60) and TTS (40)
+    assert r.forecast_ms == pytest.approx(300, abs=1) and r.to_dict()["forecast_ms"] == pytest.approx(300, abs=1)
+
+
+def test_a_little_late_turn_speaks_a_shorter_first_phrase_only():
+    s = _late_scene(stop_after_ms=360)  # 360 + 80 + 60 + 40 = 540 forecast at the ASR: 40 over
+    (r,) = s.loop.reports
+    assert r.mitigations == ("short_first_phrase",) and s.asr.short == [False]
+    assert _phrases(s) == ["We", "open at nine tomorrow."] and r.reply == LONG_ANSWER  # nothing of the answer lost
+    assert s.sink.calls[0][0] == "play" and s.sink.calls[0][2] == 250  # one word of tone first, no acknowledgement
+
+
+def test_a_late_turn_also_plays_the_acknowledgement_and_a_very_late_one_shortens_the_asr_window():
+    s = _late_scene(stop_after_ms=450, asr_cost_s=0.2)  # 450 + 180 = 630 at the ASR: 130 over; then 650 + 100
+    (r,) = s.loop.reports
+    assert r.mitigations == ("short_first_phrase", "ack") and s.asr.short == [False]
+    assert s.sink.calls[0] == ("play", pytest.approx(s.sink.calls[0][1]), len(ACK))  # "Hmm," first, then the answer
+    assert r.stamps["first_audio"] < r.stamps["answer_audio"] and not r.within_budget
+    s = _late_scene(stop_after_ms=600)  # 600 + 180 = 780 at the ASR: 280 over, every step
+    (r,) = s.loop.reports
+    assert r.mitigations == ("short_first_phrase", "ack", "short_asr_window") and s.asr.short == [True]
+    assert r.forecast_ms > 500 and r.reply == LONG_ANSWER
+
+
+def test_the_forecast_learns_what_the_stages_cost_on_this_machine():
+    """The stages' costs are the last turns' (a slow transcriber makes the next turn's forecast late): the second of
+    two identical turns, stopped 250 ms after the voice, is forecast with a 400 ms ASR and degrades before it runs."""
+    s = Scene(LoopConfig(speculative=False), texts=(QUESTION, QUESTION), replies={QUESTION: LONG_ANSWER}, asr_cost_s=0.4,
+              ack_pcm=ACK, mitigate=True)
+    for offset in (0, 80000):  # the same question twice, 5 s apart
+        started = replace(STARTED, sample=STARTED.sample + offset, first_voiced_sample=FIRST + offset)
+        s.at(started.sample, started)
+        stop = LAST + offset + round(0.25 * ASR_RATE)
+        s.at(stop, SpeechStopped(sample=stop, first_voiced_sample=FIRST + offset, last_voiced_sample=LAST + offset,
+                                 start_pad=4800, end_pad=stop))
+        s.silence_until(stop + 3 * ASR_RATE)
+    first, second = s.loop.reports
+    assert s.loop.mitigation.cost_ms("asr") == pytest.approx(400)
+    # at the ASR: 250 + 80 + 60 + 40 = 430 the first time; 250 + 400 + 40 + 20 = 710 the second (210 over: every step)
+    assert s.asr.short == [False, True]
+    assert "short_asr_window" not in first.mitigations and "short_asr_window" in second.mitigations
+
+
+def test_mitigation_off_takes_no_step():
+    s = Scene(LoopConfig(speculative=False, mitigation=None), replies={QUESTION: LONG_ANSWER}, ack_pcm=ACK, mitigate=True)
+    s.at(STARTED.sample, STARTED)
+    stop = LAST + ASR_RATE  # a second of silence
+    s.at(stop, SpeechStopped(sample=stop, first_voiced_sample=FIRST, last_voiced_sample=LAST, start_pad=4800, end_pad=stop))
+    s.loop.finish()
+    (r,) = s.loop.reports
+    assert r.mitigations == () and r.forecast_ms is None and _phrases(s)[0] == "We open" and s.asr.short == [False]
+
+
+def test_the_steps_come_in_their_fixed_order_and_their_thresholds_must_too():
+    from voice.mitigation import ORDER, Mitigation, MitigationConfig
+
+    m = Mitigation()
+    assert ORDER == ("short_first_phrase", "ack", "short_asr_window")
+    assert [m.plan(f, 500) for f in (500, 501, 600, 601, 701)] == [(), ORDER[:1], ORDER[:1], ORDER[:2], ORDER]
+    assert m.forecast_ms(100, ("asr", "first_phrase", "tts")) == 280  # the defaults before any turn
+    # the acknowledgement (and what comes after it) only for an answer forecast after the ack would be over
+    assert m.plan(750, 500, ack_end_ms=760) == ORDER[:1] and m.plan(761, 500, ack_end_ms=760) == ORDER
+    with pytest.raises(ValueError, match="must grow"):
+        MitigationConfig(ack_over_ms=300, short_asr_window_over_ms=200)

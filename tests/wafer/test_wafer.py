@@ -412,9 +412,9 @@ def test_every_turn_of_run_carries_the_simulated_block():
 def test_pace_on_the_virtual_clock_follows_the_simulated_llm_both_ways():
     """With --fast the clock charges the LLM stage its simulated time: a slow deployment's answer comes later
     than this machine's, a fast one's sooner, and the measured LLM span is the simulated one."""
-    plain, _ = _run_json()
-    slow, _ = _run_json("--pace", "--deployment", "llama-3.1-405b@h100x16", "--no-speculative")
-    fast, _ = _run_json("--pace", "--no-speculative")
+    plain, _ = _run_json("--no-mitigation")  # (a turn forecast late would change its first phrase, or play the ack first)
+    slow, _ = _run_json("--pace", "--deployment", "llama-3.1-405b@h100x16", "--no-speculative", "--no-mitigation")
+    fast, _ = _run_json("--pace", "--no-speculative", "--no-mitigation")
     for t in slow + fast:
         assert t["latency_ms"]["first_phrase_ms"] == pytest.approx(t["simulated"]["first_phrase_ms"], abs=0.2)
     p, sl, fa = (t[0]["latency_ms"]["first_phrase_ms"] for t in (plain, slow, fast))
