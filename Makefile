@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.wafervox-setup
 APT_PACKAGES := libportaudio2 espeak-ng pulseaudio pulseaudio-utils libasound2-plugins chromium
 BENCH_VENV := bench/.venv-llamacpp
+# Pipecat, the peer of bench/peers.py, in its own environment (its extras use onnxruntime: no torch).
+PIPECAT_VENV := bench/.venv-pipecat
+PIPECAT_SPEC := pipecat-ai[silero,whisper,piper,openai]>=1.14,<1.15
 # llama.cpp's CPU kernels: AVX-512 VNNI where this CPU has it (as our own kernels pick it), else AVX2 (a wheel
 # built for one would stop with an illegal instruction on a CPU without it).
 LLAMA_CMAKE_AVX512 := -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
@@ -26,7 +29,7 @@ define llama_wheel
   mkdir -p '$(LLAMA_WHEELS)' && CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(1) -m pip wheel --no-deps -w '$(LLAMA_WHEELS)' '$(LLAMA_SPEC)'; }
 endef
 
-.PHONY: setup run test lint bench bench-env llama-wheel oracle clean
+.PHONY: setup run test lint bench bench-env bench-peers-env llama-wheel oracle clean
 
 setup: $(STAMP)
 
@@ -70,6 +73,17 @@ $(BENCH_VENV)/.done:
 	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
 	$(call llama_wheel,$(BENCH_VENV)/bin/python)
 	$(BENCH_VENV)/bin/python -m pip install -q --only-binary llama-cpp-python "$(LLAMA_WHEEL)"
+	@touch $@
+
+# Pipecat for bench/peers.py (the same recordings through Pipecat and through wafervox); never needed by `make test`.
+# Its models are local: Silero VAD and Smart Turn ship inside pipecat-ai, Whisper, the GGUF and the voice come from
+# the project's venv, and llama.cpp's server runs from there too.
+bench-peers-env: $(PIPECAT_VENV)/.done
+
+$(PIPECAT_VENV)/.done:
+	@test -x $(PIPECAT_VENV)/bin/python || $(PYTHON) -m venv $(PIPECAT_VENV)
+	$(PIPECAT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PIPECAT_VENV)/bin/python -m pip install -q '$(PIPECAT_SPEC)'
 	@touch $@
 
 bench: setup bench-env
