@@ -123,7 +123,7 @@ def main() -> None:
     args = ap.parse_args()
 
     convs = conversations(args.wavs)
-    proc, port = start_server(["--max-sessions", str(max(args.sessions) + 1)])  # + the ping probe
+    proc, port = start_server(["--max-sessions", str(max(args.sessions, default=1) + 1)])  # + the ping probe
     url = f"ws://127.0.0.1:{port}/v1/{'stream' if args.native else 'realtime'}"
     print(f"server on port {port}; {url}", flush=True)
     results, versus = {}, None

@@ -9,6 +9,7 @@ import ctypes.util
 import threading
 import time
 
+_M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 _libc = None
@@ -27,13 +28,24 @@ def _glibc():
     return _libc or None
 
 
+#: the free memory at the top of a heap that glibc hands back by itself (``trim()`` hands back the rest, between turns)
+TRIM_THRESHOLD = 256 << 20
+
+
 def fixed_mmap_threshold(threshold: int = 4 << 20) -> bool:
     """Serve every allocation over ``threshold`` with its own mapping, returned to the system when freed.  By default
     glibc raises the threshold to the size of a freed mapping (up to 32 MiB), after which a closed session's KV cache
-    and scratch (tens of MB each) come from the heap and stay with the process.  False where this is not glibc."""
+    and scratch (tens of MB each) come from the heap and stay with the process.  False where this is not glibc.
+
+    A fixed threshold also fixes glibc's trim threshold at its 128 KiB default (both are dynamic until one is set):
+    every free that left that much at the top of the heap shrank it, and the next allocation grew it again with fresh
+    pages.  A Whisper transcription then took 137-142 ms instead of 97-110 (median of 15, AVX2-only EPYC; its
+    temporaries are a few MB), so the trim threshold is set high (``TRIM_THRESHOLD``) and the server trims between
+    turns itself (``trim``): 98.5 ms."""
     lib = _glibc()
     if lib:
         lib.mallopt(_M_ARENA_MAX, 2)  # one heap per core, not eight: many short-lived session threads fragment fewer
+        lib.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     return bool(lib and lib.mallopt(_M_MMAP_THRESHOLD, threshold))
 
 
