@@ -161,10 +161,13 @@ def raise_priority(args, console) -> None:
     """Before any engine thread starts: raise the process's priority unless ``--no-priority``, and say what happened."""
     from decode import cpu, qint
 
+    try:  # (the environment's overrides, checked before the slow load: a typo is one line, not a traceback)
+        kernels, share = qint.select(), cpu.process_share()
+    except ValueError as e:
+        raise CLIError(str(e)) from None
     if not getattr(args, "no_priority", True):
         console.print(f"[dim]{cpu.raise_priority()}[/]")
-    console.print(f"[dim]kernel path: {qint.select().name} (this CPU runs {', '.join(qint.available())}); "
-                  f"{cpu.process_share().describe()}[/]")
+    console.print(f"[dim]kernel path: {kernels.name} (this CPU runs {', '.join(qint.available())}); {share.describe()}[/]")
 
 
 def load(args, console, shared: bool = False):

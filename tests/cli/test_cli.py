@@ -217,3 +217,10 @@ def test_turn_end_flags_build_the_loop_config():
         loop_config(ap.parse_args(["--silence-ms", "600"]))
     with pytest.raises(CLIError, match="--silence-ms must be"):
         loop_config(ap.parse_args(["--turn-end", "silence", "--silence-ms", "50"]))
+
+
+@pytest.mark.parametrize("var, value, needle", [("WAFERVOX_KERNELS", "bogus", "not a kernel path"),
+                                                ("WAFERVOX_THREADS", "two", "a number of threads")])
+def test_a_bad_override_in_the_environment_is_one_line_before_the_load(monkeypatch, var, value, needle):
+    monkeypatch.setenv(var, value)
+    assert_one_line_error(wafervox("run", "--json", timeout=120), var, needle)
