@@ -340,14 +340,10 @@ async def _pipecat_run(spec: dict) -> dict:  # noqa: C901  (one pipeline, its tr
 # ---------------------------------------------------------------------------------------------------------------------
 
 def recordings(wavs: list[str] | None) -> list[tuple[str, list[Path]]]:
-    if wavs:
-        missing = [w for w in wavs if not Path(w).is_file()]
-        if missing:
-            raise SystemExit(f"bench/peers.py: no such file: {', '.join(missing)}")
-        return [("wavs", [Path(w) for w in wavs])]
-    from voice.replay import SAMPLES, manifest
+    """The sample conversations (or ``wavs`` as one), as bench/server.py and bench/capacity.py replay them."""
+    from _serve import conversations
 
-    return [(name, [SAMPLES / f for f in files]) for name, files in manifest()["conversations"].items() if name != "default"]
+    return conversations(wavs)
 
 
 def prepare(convs, folder: Path) -> tuple[list[dict], list[tuple[str, list[int]]]]:

@@ -14,7 +14,7 @@ threads as they like (one sequence per thread at a time, as always).
 
 Work is served by deadline, earliest first (``deadline(t)``): a caller says by when its work is due (a turn's
 voice-to-voice budget from the user's last voiced sample; an answer already speaking, the moment its audio runs
-out; the next turn's prefill, never), and every job it hands to a compute thread, and its wait for the cores,
+out; the next turn's prefill, a second on), and every job it hands to a compute thread, and its wait for the cores,
 carries that deadline.  A job with none is due now (it has no one to yield to).  So of several sessions the turn
 whose user stopped first gets the next slice, and a session that is only playing out its answer or listening waits
 behind it.

@@ -23,7 +23,6 @@ answer).
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -63,6 +62,8 @@ from .vad import State as VadState
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
 #: What the loop says when the user has been silent for the idle timeout (a set phrase: no LLM call, no prompt to fit)
 IDLE_PROMPT = "Are you still there?"
+#: the idle prefill of the next turn is due this long after it starts (s): behind every turn in its budget
+PREPARE_SLACK_S = 1.0
 _SAMPLE_FIELDS = ("sample", "first_voiced_sample", "last_voiced_sample", "start_pad", "end_pad")  # of the VAD events
 
 
@@ -466,7 +467,9 @@ class VoiceLoop:
             return True
         if self._prepare_due():
             self._prepare = False
-            with self.clock.working(), deadline(math.inf):  # nobody waits for it: after every other session's turn
+            # nobody waits for it: after the other sessions' turns, but not starved by them (this session's thread, and
+            # so its input, waits for it)
+            with self.clock.working(), deadline(time.monotonic() + PREPARE_SLACK_S):
                 self.e.llm.prepare()
             return True
         self._housekeeping()
