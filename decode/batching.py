@@ -41,6 +41,9 @@ from .qint import MAX_BATCH  # the most sequences one batched pass takes
 SLICE_TOKENS = 16
 #: a prompt longer than this (instructions, a long text item) is bulk work: it yields to the other sessions' turns
 BULK_TOKENS = 96
+#: a bulk slice lasts about this long (ms) at the prompt speed measured so far (fewer than ``SLICE_TOKENS`` on a slow
+#: kernel path: the ``plain`` kernels take ~100 ms for 16 tokens), the longest another session's turn waits for one
+SLICE_MS = 25.0
 
 
 _local = threading.local()
@@ -322,13 +325,35 @@ def _settle(fut: Future, fn, *args) -> None:
         fut.set_exception(e)
 
 
+class _PromptTimer:
+    """``model``'s forward for prompt slices, keeping the ms per token they cost (where they run: no queue wait)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.ms_per_token: float | None = None
+
+    def forward(self, s, tokens, pos0: int):
+        t0 = time.perf_counter()
+        out = self.model.forward(s, tokens, pos0)
+        per = (time.perf_counter() - t0) * 1000 / max(1, len(tokens))
+        self.ms_per_token = per if self.ms_per_token is None else 0.7 * self.ms_per_token + 0.3 * per
+        return out
+
+
 class BatchingModel:
     """``model`` whose forward passes run on ``compute`` (single-token steps batched across sequences)."""
 
-    def __init__(self, model, compute: ComputeThread, slice_tokens: int = SLICE_TOKENS, bulk_tokens: int = BULK_TOKENS):
+    def __init__(self, model, compute: ComputeThread, slice_tokens: int = SLICE_TOKENS, bulk_tokens: int = BULK_TOKENS,
+                 slice_ms: float = SLICE_MS):
         self.inner, self.compute = model, compute
         self.file, self.config, self.weights, self.n_ctx = model.file, model.config, model.weights, model.n_ctx
-        self.slice_tokens, self.bulk_tokens = slice_tokens, bulk_tokens
+        self.slice_tokens, self.bulk_tokens, self.slice_ms = slice_tokens, bulk_tokens, slice_ms
+        self._prompts = _PromptTimer(model)
+
+    def bulk_slice_tokens(self) -> int:
+        """Tokens per bulk slice: ``slice_ms`` of prompt at the speed measured so far, 1..``slice_tokens``."""
+        per = self._prompts.ms_per_token
+        return self.slice_tokens if per is None else max(1, min(self.slice_tokens, int(self.slice_ms / per)))
 
     def new_state(self):
         return self.inner.new_state()
@@ -336,12 +361,17 @@ class BatchingModel:
     def forward(self, s, tokens, pos0: int) -> np.ndarray:
         """One forward pass on the compute thread; a prompt longer than ``slice_tokens`` goes in slices (each a job of its
         own, so other sequences' work runs between them), and one longer than ``bulk_tokens`` as bulk work (see
-        ``ComputeThread.step``).  The KV cache and the last logits come out the same as from one pass."""
+        ``ComputeThread.step``) in slices of about ``slice_ms`` each (``bulk_slice_tokens``).  The KV cache and the last logits come out the same as from one pass."""
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         n = len(tokens)
-        if n <= self.slice_tokens:
+        if n == 1:  # (a decode step: on the model itself, so that the steps waiting together batch)
             return self.compute.step(self.inner, s, tokens, pos0)
+        if n <= self.slice_tokens:
+            return self.compute.step(self._prompts, s, tokens, pos0)
         bulk = n > self.bulk_tokens
-        for a in range(0, n, self.slice_tokens):
-            logits = self.compute.step(self.inner, s, tokens[a:a + self.slice_tokens], pos0 + a, bulk=bulk)
+        a = 0
+        while a < n:
+            size = self.bulk_slice_tokens() if bulk else self.slice_tokens
+            logits = self.compute.step(self._prompts, s, tokens[a:a + size], pos0 + a, bulk=bulk)
+            a += size
         return logits

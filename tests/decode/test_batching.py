@@ -232,3 +232,38 @@ def test_the_compute_thread_serves_waiting_work_by_deadline():
         assert order == [("now", -math.inf), ("soon", 10.0), ("later", 50.0), ("never", math.inf)]
     finally:
         compute.close()
+
+
+def test_bulk_slices_last_about_slice_ms_at_the_prompt_speed_measured():
+    """On a slow kernel path a 16-token slice would hold another session's turn up for ~100 ms: bulk slices are sized
+    to ``slice_ms`` from what the slices before them cost (here a stand-in model spending 5 ms a token)."""
+
+    class SlowModel:
+        file = config = weights = None
+        n_ctx = 4096
+
+        def __init__(self):
+            self.sizes: list[int] = []
+
+        def new_state(self):
+            return None
+
+        def forward(self, s, tokens, pos0):
+            self.sizes.append(len(tokens))
+            time.sleep(0.005 * len(tokens))
+            return np.zeros(4, np.float32)
+
+    compute = ComputeThread("test-slices")
+    try:
+        inner = SlowModel()
+        bm = BatchingModel(inner, compute, slice_tokens=16, bulk_tokens=32, slice_ms=25.0)
+        assert bm.bulk_slice_tokens() == 16  # nothing measured yet
+        bm.forward(None, list(range(100)), 0)
+        assert sum(inner.sizes) == 100 and inner.sizes[0] == 16
+        assert all(n <= 5 for n in inner.sizes[1:]), inner.sizes  # 25 ms at >= 5 ms a token
+        assert bm.bulk_slice_tokens() in (4, 5)
+        inner.sizes.clear()
+        bm.forward(None, list(range(20)), 0)  # an ordinary prompt: 16-token slices, not bulk
+        assert inner.sizes == [16, 4]
+    finally:
+        compute.close()

@@ -204,15 +204,23 @@ def test_end_of_turn_is_decided_and_reported(played):
     for r in confident:
         eot = r.end_of_turn
         assert eot["source"] == "head" and eot["p_end"] >= 0.5 and eot["stop_ms"] == short
-        # each: a frame of 30 ms, and the loop busy with one piece of work when the stop is due (the input is read
-        # between pieces: a TTS call of ~50 ms, an ASR run of ~90); a noisy turn with four pauses inside ("Who is
-        # the owner of Bright Bakery?") also waits for noise flicker to leave the endpointer's window
-        assert short - 30 <= eot["silence_ms"] < short + 250, eot
+        # the turn closes once both the short silence has passed and the score is in (the score waits for the ASR
+        # started at the pause: on a slow kernel path, later than the silence); then within a frame of 30 ms and the
+        # one piece of work the loop is busy with when it is due (the input is read between pieces: a TTS call of
+        # ~50 ms, an ASR run of ~90); a noisy turn with four pauses inside ("Who is the owner of Bright Bakery?") also
+        # waits for noise flicker to leave the endpointer's window
+        assert short - 30 <= eot["silence_ms"] < _closable_ms(r, short) + 250, eot
         assert eot["silence_ms"] == pytest.approx(r.latency_ms["endpoint_ms"], abs=0.2)
         work = r.work_ms
         assert work["asr_run_ms"] > 0 and work["turn_end_score_ms"] > 0 and work["critical_path_ms"] > work["asr_run_ms"]
-    # ... and typically a frame and the score's own time
-    assert statistics.median(r.end_of_turn["silence_ms"] for r in confident) < short + 80
+    # ... and typically within a frame and the score's own time
+    assert statistics.median(r.end_of_turn["silence_ms"] - _closable_ms(r, short) for r in confident) < 80
+
+
+def _closable_ms(report, short: int) -> float:
+    """When (ms after the last voiced sample) the turn could close: the short silence, or the score if it came later."""
+    s = report.stamps
+    return max(short, (s["turn_end_score"] - s["last_voiced"]) * 1000) if "turn_end_score" in s else short
 
 
 def test_server_vad_keeps_plain_silence(engines):
