@@ -361,7 +361,8 @@ class BatchingModel:
     def forward(self, s, tokens, pos0: int) -> np.ndarray:
         """One forward pass on the compute thread; a prompt longer than ``slice_tokens`` goes in slices (each a job of its
         own, so other sequences' work runs between them), and one longer than ``bulk_tokens`` as bulk work (see
-        ``ComputeThread.step``) in slices of about ``slice_ms`` each (``bulk_slice_tokens``).  The KV cache and the last logits come out the same as from one pass."""
+        ``ComputeThread.step``) in slices of about ``slice_ms`` each (``bulk_slice_tokens``).  The KV cache and the last
+        logits come out the same as from one pass."""
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         n = len(tokens)
         if n == 1:  # (a decode step: on the model itself, so that the steps waiting together batch)
