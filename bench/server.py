@@ -146,8 +146,8 @@ def main() -> None:
         stop_server(proc)
 
     b = args.budget_ms
-    base = results.get(args.sessions[0], {}) if args.sessions else {}
-    base = base.get("client_v2v_ms", {}).get("p50")
+    first = results.get(args.sessions[0], {}) if args.sessions else {}
+    base = first.get("client_v2v_ms", {}).get("p50")
     print(f"\nvoice-to-voice on the client's clock over loopback ({'native /v1/stream' if args.native else '/v1/realtime'}), "
           f"budget {b:.0f} ms")
     print(f"{'sessions':>8s} {'turns':>5s} {'client p50':>10s} {'p95':>6s} {'server p50':>10s} {'p95':>6s} "

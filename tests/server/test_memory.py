@@ -16,12 +16,11 @@ PROBE = textwrap.dedent("""
     import resource, sys
     import numpy as np
     sys.path.insert(0, {root!r})
-    from server.memory import fixed_mmap_threshold, TRIM_THRESHOLD
-    import ctypes
+    from server import memory
     if sys.argv[1] == "server":
-        assert fixed_mmap_threshold()
+        assert memory.fixed_mmap_threshold()
     else:  # the threshold fixed alone: glibc's trim threshold stays at 128 KiB
-        ctypes.CDLL("libc.so.6").mallopt(-3, 4 << 20)
+        memory._glibc().mallopt(memory._M_MMAP_THRESHOLD, 4 << 20)
     def faults():
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     keep = []
