@@ -3,8 +3,8 @@
 
 ``OpenAIConversation`` is a ``voice.protocols.Conversation`` like ``voice.llm.LLMConversation``: the same persona
 and grounding (the "Fact:" message after the user's), the same history as heard, the same ``last_usage``.  The
-reply streams over one HTTP connection (server-sent events, read with the standard library); closing the reply
-(a barge-in, a cancel, a dropped speculation) closes that connection, which tells the backend to stop.
+reply streams through the ``openai`` SDK (server-sent events on a kept-alive connection); closing the reply (a
+barge-in, a cancel, a dropped speculation) closes that response's connection, which tells the backend to stop.
 
 Tools: with ``tools`` set (the Realtime session's, in the Chat Completions shape), a reply may yield
 ``FunctionCallPiece``s instead of text; the call is kept in the history (an assistant message with
@@ -16,13 +16,13 @@ keeps its own prefix cache, where it has one).
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+import openai
 
 from .errors import LLMBackendError
 from .llm import Persona, Usage
@@ -31,109 +31,82 @@ from .protocols import FunctionCallPiece
 #: What the backend may take to start its answer and between two of its chunks, before the turn fails.
 READ_TIMEOUT_S = 30.0
 CONNECT_TIMEOUT_S = 5.0
-#: Largest SSE line taken from a backend (a chunk is a few hundred bytes).
-MAX_LINE = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Backend:
     """Where the chat completions come from: ``base_url`` ends in ``/v1`` (or whatever prefix the server's
-    ``/chat/completions`` lives under); ``model`` is sent as is (the backend's own default when None)."""
+    ``/chat/completions`` lives under); ``model`` is sent as is (the backend's own default when None).  Requests go
+    through the ``openai`` SDK's client (one per backend, its connections kept alive between replies): it reads the
+    event stream, retries a failed connection or a 5xx ``max_retries`` times, and times out; ``create`` maps what it
+    raises onto ``LLMBackendError``."""
 
     base_url: str
     model: str | None = None
     api_key: str | None = None
     timeout_s: float = READ_TIMEOUT_S
+    #: a turn waits for each retry (the SDK's back-off starts at half a second): one, then the turn fails
+    max_retries: int = 1
+    _client: openai.OpenAI = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         u = urlsplit(self.base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"--llm: '{self.base_url}' is not an http(s) URL (e.g. http://127.0.0.1:8080/v1)")
+        client = openai.OpenAI(base_url=self.base_url.rstrip("/"), api_key=self.api_key or "unused", max_retries=self.max_retries,
+                               timeout=openai.Timeout(self.timeout_s, connect=CONNECT_TIMEOUT_S))
+        object.__setattr__(self, "_client", client)
 
     @property
     def name(self) -> str:
         return f"{self.model or 'default model'} at {self.base_url}"
 
-    def _connection(self, timeout: float) -> tuple[http.client.HTTPConnection, str]:
-        u = urlsplit(self.base_url)
-        cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-        return cls(u.hostname, u.port, timeout=timeout), u.path.rstrip("/")
-
-    def _headers(self) -> dict:
-        h = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
-        if self.api_key:
-            h["Authorization"] = f"Bearer {self.api_key}"
-        return h
-
-    def post(self, path: str, body: dict) -> http.client.HTTPResponse:
-        """POST ``body`` to ``base_url + path``; the open response (status 200), else ``LLMBackendError`` with the
-        backend's own error message."""
-        conn, prefix = self._connection(CONNECT_TIMEOUT_S)
+    def create(self, **body) -> Iterator:
+        """``chat.completions.create(**body)`` (``stream=True``: the chunks as they come), else ``LLMBackendError``
+        with the backend's own error message.  No key: no ``Authorization`` header at all."""
         try:
-            conn.request("POST", prefix + path, body=json.dumps(body).encode(), headers=self._headers())
-            conn.sock.settimeout(self.timeout_s)
-            resp = conn.getresponse()
-        except (OSError, http.client.HTTPException) as e:
-            conn.close()
+            return self._client.chat.completions.create(model=self.model or openai.omit, **body,
+                                                        extra_headers=None if self.api_key else {"Authorization": openai.omit})
+        except openai.APIStatusError as e:
+            raise LLMBackendError(f"the LLM backend at {self.base_url} answered HTTP {e.status_code}: {_error_text(e)}") from None
+        except openai.APIError as e:
             raise LLMBackendError(f"the LLM backend at {self.base_url} cannot be reached: {_why(e)}") from None
-        if resp.status != 200:
-            detail = _error_text(resp.read(64 * 1024))
-            conn.close()
-            raise LLMBackendError(f"the LLM backend at {self.base_url} answered HTTP {resp.status}: {detail}")
-        return resp
 
     def check(self) -> None:
         """Fail early, in one line, when the backend cannot answer: a one-token completion."""
-        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": False}
-        if self.model:
-            body["model"] = self.model
-        self.post("/chat/completions", body).read()
+        self.create(messages=[{"role": "user", "content": "Hi"}], max_tokens=1, stream=False)
 
 
 def _why(e: BaseException) -> str:
-    if isinstance(e, socket.timeout | TimeoutError):
+    """A connection failure in a few words: its cause's (``Connection refused``), or that it timed out."""
+    if isinstance(e, openai.APITimeoutError | TimeoutError):
         return "timed out"
-    return getattr(e, "strerror", None) or str(e) or type(e).__name__
+    cause = e.__cause__ or e
+    return getattr(cause, "strerror", None) or str(cause) or type(cause).__name__
 
 
-def _error_text(raw: bytes) -> str:
-    """The message of an OpenAI-style error body, else the body's start."""
-    text = raw.decode("utf-8", "replace")
+def _error_text(e: openai.APIError) -> str:
+    """The message of an OpenAI-style error (the SDK keeps the body's ``error`` object), else the body's start."""
+    body = e.body
+    if isinstance(body, dict):
+        msg = body.get("message")
+        return (msg if isinstance(msg, str) and msg else json.dumps(body))[:300]
+    if isinstance(body, str) and body.strip():
+        return body.strip()[:300]
+    return "(no body)"
+
+
+def _chunks(stream, backend: Backend) -> Iterator:
+    """The chunks of a streamed completion, with what can go wrong mid-answer turned into ``LLMBackendError``."""
     try:
-        err = json.loads(text).get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:300]
-        if isinstance(err, str):
-            return err[:300]
-    except (ValueError, AttributeError):
-        pass
-    return text.strip()[:300] or "(no body)"
-
-
-def sse_events(resp) -> Iterator[dict]:
-    """The JSON objects of a ``text/event-stream`` body (``data:`` lines; ``[DONE]`` ends it)."""
-    data: list[str] = []
-    while True:
-        line = resp.readline(MAX_LINE)
-        if not line:
-            return
-        line = line.decode("utf-8", "replace").rstrip("\r\n")
-        if line.startswith("data:"):
-            data.append(line[5:].lstrip())
-            continue
-        if line or not data:
-            continue  # comments (": keep-alive"), event names, ids, blank lines between events
-        payload, data = "\n".join(data), []
-        if payload == "[DONE]":
-            return
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            raise LLMBackendError(f"the LLM backend sent an event that is not JSON: {payload[:120]!r}") from None
-        if isinstance(obj, dict) and "error" in obj:
-            raise LLMBackendError(f"the LLM backend failed mid-answer: {_error_text(payload.encode())}")
-        if isinstance(obj, dict):
-            yield obj
+        yield from stream
+    except openai.APIConnectionError as e:  # (a timeout is one)
+        raise LLMBackendError(f"the LLM backend at {backend.base_url} stopped mid-answer: {_why(e)}") from None
+    except openai.APIError as e:  # an error event in the stream
+        raise LLMBackendError(f"the LLM backend failed mid-answer: {_error_text(e)}") from None
+    except ValueError as e:  # an event that is not JSON
+        doc = getattr(e, "doc", "")
+        raise LLMBackendError(f"the LLM backend sent an event that is not JSON: {doc[:120]!r}") from None
 
 
 def chat_tool(tool: dict) -> dict:
@@ -240,8 +213,6 @@ class OpenAIConversation:
         cannot answer.  Closing it closes the HTTP stream."""
         body = {"messages": self._messages(user_text), "stream": True, "max_tokens": self.max_tokens,
                 "temperature": self.temperature, "stream_options": {"include_usage": True}}
-        if self.backend.model:
-            body["model"] = self.backend.model
         if self.tools:
             body["tools"] = list(self.tools)
             if self.tool_choice is not None:
@@ -249,22 +220,23 @@ class OpenAIConversation:
         self._calls = []
         self.instructions = None
         t0 = time.monotonic()
-        resp = self.backend.post("/chat/completions", body)
+        stream = self.backend.create(**body)
         calls: dict[int, dict] = {}  # by the stream's index
         usage = None
         out = 0
         finished = False
         try:
-            for ev in _guarded(sse_events(resp), self.backend):
-                usage = ev.get("usage") or usage
-                for choice in ev.get("choices") or ():
-                    finished = finished or bool(choice.get("finish_reason"))
-                    delta = choice.get("delta") or {}
-                    text = delta.get("content")
-                    if text:
+            for ev in _chunks(stream, self.backend):
+                usage = ev.usage or usage
+                for choice in ev.choices or ():
+                    finished = finished or bool(choice.finish_reason)
+                    delta = choice.delta
+                    if delta is None:
+                        continue
+                    if delta.content:
                         out += 1
-                        yield text
-                    for tc in delta.get("tool_calls") or ():
+                        yield delta.content
+                    for tc in delta.tool_calls or ():
                         yield from self._call_delta(calls, tc)
             if not finished:  # (llama.cpp's server, failing after its headers, just ends the stream)
                 raise LLMBackendError(f"the LLM backend at {self.backend.base_url} ended its answer without a finish_reason "
@@ -273,24 +245,23 @@ class OpenAIConversation:
                 self._calls.append({"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}})
                 yield FunctionCallPiece(call_id=c["id"], name=c["name"], delta="", arguments=c["arguments"], done=True)
         finally:
-            resp.close()
+            stream.close()  # (a barge-in's close drops the connection: the backend stops)
             self._elapsed = time.monotonic() - t0
-            prompt = (usage or {}).get("prompt_tokens")
-            cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            self.last_usage = Usage(input_tokens=int(prompt or self.prompt_tokens(user_text or "")), cached_tokens=int(cached),
-                                    output_tokens=int((usage or {}).get("completion_tokens") or out))
+            details = getattr(usage, "prompt_tokens_details", None)
+            self.last_usage = Usage(input_tokens=int(getattr(usage, "prompt_tokens", 0) or self.prompt_tokens(user_text or "")),
+                                    cached_tokens=int(getattr(details, "cached_tokens", 0) or 0),
+                                    output_tokens=int(getattr(usage, "completion_tokens", 0) or out))
 
     @staticmethod
-    def _call_delta(calls: dict, tc: dict) -> Iterator[FunctionCallPiece]:
-        index = tc.get("index", len(calls))
-        fn = tc.get("function") or {}
+    def _call_delta(calls: dict, tc) -> Iterator[FunctionCallPiece]:
+        index = len(calls) if tc.index is None else tc.index
+        name = getattr(tc.function, "name", None)
         c = calls.get(index)
         if c is None:
-            c = calls[index] = {"id": tc.get("id") or f"call_{index}_{int(time.time() * 1000)}", "name": fn.get("name") or "",
-                                "arguments": ""}
-        elif fn.get("name") and not c["name"]:
-            c["name"] = fn["name"]
-        piece = fn.get("arguments") or ""
+            c = calls[index] = {"id": tc.id or f"call_{index}_{int(time.time() * 1000)}", "name": name or "", "arguments": ""}
+        elif name and not c["name"]:
+            c["name"] = name
+        piece = getattr(tc.function, "arguments", None) or ""
         if piece:
             c["arguments"] += piece
             yield FunctionCallPiece(call_id=c["id"], name=c["name"], delta=piece, arguments=c["arguments"], done=False)
@@ -315,10 +286,3 @@ class OpenAIConversation:
     def reset(self) -> None:
         self.history = []
 
-
-def _guarded(events: Iterator[dict], backend: Backend) -> Iterator[dict]:
-    """``events``, with a dropped or stalled connection turned into ``LLMBackendError``."""
-    try:
-        yield from events
-    except (OSError, http.client.HTTPException) as e:
-        raise LLMBackendError(f"the LLM backend at {backend.base_url} stopped mid-answer: {_why(e)}") from None
