@@ -301,7 +301,7 @@ class RealtimeSession:
             self.loop.configure(lc)
         if "output_rate" in ev.changed:
             self._out_rs = Resampler(self.shared.sample_rate, cfg.output_rate)
-        if "tools" in ev.changed and cfg.tools and not _calls_tools(self.loop.e.llm):
+        if "tools" in ev.changed and cfg.tools and not self.loop.e.llm.calls_tools:
             self._send_error(P.ProtocolError(
                 "tools_not_supported", f"session.update: {len(cfg.tools)} tool(s) accepted but never called: the local "
                 "model cannot call tools (an OpenAI-compatible backend, `wafervox serve --llm URL`, can); the rest of the "
@@ -317,7 +317,7 @@ class RealtimeSession:
 
     def _set_tools(self, llm, choice=None) -> None:
         """The session's tools (and ``choice``, else its tool_choice) to an LLM that calls tools."""
-        if _calls_tools(llm):
+        if llm.calls_tools:
             from voice.openai_llm import chat_tool, chat_tool_choice
 
             llm.tools = tuple(chat_tool(t) for t in self._config.tools)
@@ -367,7 +367,7 @@ class RealtimeSession:
 
     def _on_function_output(self, ev: P.FunctionOutputCreate) -> None:
         llm = self.loop.e.llm
-        if not _calls_tools(llm):
+        if not llm.calls_tools:
             self._send_error(P.ProtocolError("unsupported_item", "function_call_output: the local model calls no tools, so "
                                              "there is no call to answer", ev.event_id, "item.type"))
             return
@@ -483,7 +483,7 @@ class RealtimeSession:
 
     def _usage(self) -> dict | None:
         """The token counts of the reply just ended (``response.done``'s ``usage``), when the LLM has them."""
-        usage = getattr(self.loop.e.llm, "last_usage", None)
+        usage = self.loop.e.llm.last_usage
         return None if usage is None else usage.to_realtime()
 
     def _last_answer(self) -> _Answer | None:
@@ -733,11 +733,6 @@ class RealtimeSession:
             self.metrics.error(err.code)
         log.info("%s: error %s: %s", self.name, err.code, err.message)
         self._send(self.proto.error(err))
-
-
-def _calls_tools(llm) -> bool:
-    """The LLM can call tools (an OpenAI-compatible backend's conversation)."""
-    return hasattr(llm, "add_function_output")
 
 
 def _ms(sample: int) -> int:

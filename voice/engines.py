@@ -157,9 +157,8 @@ class SharedEngines:
         """A session's conversation like ``base``: on its own sequence ``gen`` of the decode core, or with ``base``'s
         backend (``gen`` is then the end-of-turn scorer's alone)."""
         if isinstance(base, LLMConversation):
-            return LLMConversation(gen, persona=persona, max_tokens=base.max_tokens, sampling=base.sampling,
-                                   history_turns=base.history_turns)
-        return base.fork(persona)
+            return replace(base, generator=gen).with_persona(persona)
+        return base.with_persona(persona)
 
     def session_bytes(self) -> int:
         """The memory one session's engines hold of their own (its sequence's KV cache and scratch, on the
@@ -172,9 +171,7 @@ class SharedEngines:
 
     def with_persona(self, engines: Engines, persona: Persona) -> Engines:
         """The same session with a new persona (``session.update`` instructions): history restarts."""
-        old = engines.llm
-        llm = self._conversation(old, getattr(old, "generator", None), persona)
-        return replace(engines, llm=llm)
+        return replace(engines, llm=engines.llm.with_persona(persona))
 
 
 #: utterances longer than this are transcribed without the cores to themselves (their window alone costs ~0.3 s)

@@ -350,6 +350,9 @@ class LLMConversation:
     #: make (``Persona.from_instructions``) opens the conversation instead of this one's; the KV cache's prefix then
     #: differs, so that reply prefills its opening (and the idle ``prepare()`` after it, this persona's again)
     instructions: str | None = None
+    #: the local model calls no tools (``calls_tools`` is False): kept only so that every conversation has them
+    tools: tuple[dict, ...] = ()
+    tool_choice: str | dict | None = None
 
     def __post_init__(self):
         self._opening = self.persona.opening()
@@ -364,6 +367,18 @@ class LLMConversation:
     def close(self) -> None:
         """Free this conversation's sequence (its KV cache and scratch) on the decode core."""
         self.generator.close()
+
+    @property
+    def calls_tools(self) -> bool:
+        return False
+
+    def add_function_output(self, call_id: str, output: str) -> None:
+        raise ValueError("the local model calls no tools, so there is no call to answer")
+
+    def with_persona(self, persona: Persona) -> LLMConversation:
+        """The same sequence of the decode core with ``persona``: the history starts afresh."""
+        return LLMConversation(self.generator, persona=persona, max_tokens=self.max_tokens, sampling=self.sampling,
+                               history_turns=self.history_turns)
 
     def _sim_now(self) -> float | None:
         sim = getattr(self.generator.state, "sim", None)  # a staged model's sequences carry one
@@ -390,6 +405,11 @@ class LLMConversation:
         if self.history_turns is not None:
             turns = turns[len(turns) - 2 * self.history_turns:] if self.history_turns else []
         return (self._opening if opening is None else opening) + turns
+
+    def scoring_context(self) -> list[dict]:
+        """The end-of-turn score reads the user's text after this conversation's own context (whose prefix cache the
+        answer then shares)."""
+        return self.context()
 
     def prepare(self) -> int:
         """Prefill what the next prompt will start with (the context and the next user message's

@@ -181,6 +181,13 @@ class OpenAIConversation:
         """The backend's context is not known here: a bound for what a session sends (the backend says if it is less)."""
         return 32768
 
+    @property
+    def calls_tools(self) -> bool:
+        return True
+
+    def with_persona(self, persona: Persona) -> OpenAIConversation:
+        return self.fork(persona)
+
     def fork(self, persona: Persona | None = None) -> OpenAIConversation:
         """A new conversation on the same backend (a session's), with ``persona`` (this one's by default)."""
         return OpenAIConversation(self.backend, persona=persona or self.persona, max_tokens=self.max_tokens,

@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .llm import Persona, Usage
 
 #: The rate the endpointer and the ASR work at.
 ASR_RATE = 16000
@@ -60,19 +63,63 @@ class TokenStream(Protocol):
 
 
 class Conversation(TokenStream, Protocol):
-    """The LLM's side of the conversation (``voice.llm.LLMConversation``): ``reply`` streams the answer to a user turn,
-    ``commit`` records the turn as it was heard, ``amend_last`` shortens the last recorded answer (less of it was heard),
-    ``prepare`` prefills the context the next turn starts with and returns the tokens computed; ``sim_elapsed_s``
-    is the simulated time the reply in progress (or the last one) has taken on the deployment the decode core runs on
-    (None when it runs on no simulated deployment)."""
+    """The LLM's side of the conversation: ``voice.llm.LLMConversation`` on our decode core,
+    ``voice.openai_llm.OpenAIConversation`` on an OpenAI-compatible backend.  All of it, so that no caller probes for a
+    member: the voice loop uses the first group, the Realtime session (``server/session.py``) the rest.
 
-    def commit(self, user_text: str, spoken: str) -> None: ...
+    ``reply`` streams the answer to a user turn, ``commit`` records the turn as it was heard, ``amend_last`` shortens
+    the last recorded answer (less of it was heard), ``prepare`` prefills the context the next turn starts with and
+    returns the tokens computed; ``sim_elapsed_s`` is the simulated time the reply in progress (or the last one) has
+    taken on the deployment the decode core runs on (None when it runs on no simulated deployment)."""
+
+    persona: Persona
+    max_tokens: int
+    #: the next reply's own instructions (a Realtime ``response.create``'s), for that reply only
+    instructions: str | None
+    last_usage: Usage | None  # the last reply's token counts
+    #: Chat Completions function tools and tool_choice, used only where ``calls_tools``
+    tools: tuple[dict, ...]
+    tool_choice: str | dict | None
+
+    def commit(self, user_text: str | None, spoken: str) -> None: ...
 
     def sim_elapsed_s(self) -> float | None: ...
 
     def amend_last(self, spoken: str) -> None: ...
 
     def prepare(self) -> int: ...
+
+    # -- the session's ------------------------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def calls_tools(self) -> bool:
+        """Replies may call tools (``FunctionCallPiece``s), whose results ``add_function_output`` takes."""
+        ...
+
+    def add_function_output(self, call_id: str, output: str) -> None: ...
+
+    def warmup(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def context(self) -> list[dict]: ...
+
+    def scoring_context(self) -> list[dict]:
+        """What the end-of-turn score (``voice.turn_end``) reads the user's text after."""
+        ...
+
+    def opening_tokens(self, persona: Persona | None = None) -> int: ...
+
+    def prompt_tokens(self, user_text: str) -> int: ...
+
+    def with_persona(self, persona: Persona) -> Conversation:
+        """A new conversation like this one (same sequence or backend) with ``persona``; its history starts afresh."""
+        ...
 
 
 class Clock(Protocol):

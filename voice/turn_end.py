@@ -78,7 +78,7 @@ class TurnEndHead:
 def scoring_context(llm) -> list[dict]:
     """The conversation the end-of-turn score reads the user's text after: the LLM's own context (whose prefix cache
     the answer then shares), or with a backend only the persona's opening (the local model is just the scorer)."""
-    return getattr(llm, "scoring_context", llm.context)()
+    return llm.scoring_context()
 
 
 @dataclass(frozen=True, slots=True)
