@@ -1,5 +1,5 @@
 """Per-turn latency: raw timestamps on one clock, spans derived from them, the budget verdict,
-and the summary over a session (DESIGN.md, "Latency: what is measured").
+and the summary over a session (ARCHITECTURE.md, "Latency: what is measured").
 
 A ``TurnTrace`` is filled while a turn runs (``mark``); ``report()`` freezes it into a
 ``TurnReport`` whose ``*_ms`` figures are differences of the stored timestamps, so they
