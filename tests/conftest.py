@@ -1,8 +1,8 @@
-"""Shared fixtures (one loaded default model per test session: loading costs seconds) and the
-``engines`` marker: a test that loads a real engine (the model, Whisper, piper, a server or the
-CLI on them) is marked, so that ``pytest -m "not engines"`` runs the pure suites in seconds.
+"""Shared fixtures (one loaded default model per test session: loading costs seconds), and each test's kind
+(``unit``, ``engines``, ``browser``, ``network``: ``tests/kinds.py``) from its folder and its fixtures, so that
+``pytest -m unit`` runs the pure suites in seconds and ``-m "not browser"`` and the like pick among the rest.
 
-The helper modules beside this file (``tiny_gguf``, ``quant_reference``, ``pulse``) are importable
+The helper modules beside this file (``kinds``, ``tiny_gguf``, ``quant_reference``, ``pulse``) are importable
 from every test folder: pytest puts this folder on ``sys.path`` when it loads this file.
 """
 
@@ -12,18 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
+from kinds import DIRECTORY_KINDS, ENGINES, KINDS, NETWORK, UNIT, fixture_kinds, kind
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-#: Fixtures that load a real engine: a test that uses one is an ``engines`` test.
-ENGINE_FIXTURES = frozenset({
-    "model", "generator", "tokenizer", "reference",  # the decode core on the real model
-    "transcriber", "piper", "espeak", "question_audio", "voice",  # Whisper, the voices
-    "engines", "played", "shared", "server", "pulse", "browser_available",  # whole pipelines, servers, devices
-    "llama_server",  # llama-cpp-python's OpenAI-compatible server on the default GGUF
-})
-#: Modules whose every test runs the real engines (through the CLI in a subprocess, mostly).
-ENGINE_MODULES = frozenset({"test_cli", "test_voice_e2e", "test_browser", "test_mic", "test_server"})
+TESTS = Path(__file__).parent
 
 
 def pytest_report_header(config):
@@ -33,13 +25,32 @@ def pytest_report_header(config):
     return f"wafervox kernels: {qint.select().name} (this CPU runs {', '.join(qint.available())}; {qint.KERNELS_ENV} picks one)"
 
 
+def _kinds(item) -> set[str]:
+    """The kinds ``item`` has: its folder's, its fixtures' (the whole closure: a fixture built on the model is an
+    engines fixture too), and the kind markers it carries; ``unit`` when none."""
+    try:
+        folder = item.path.relative_to(TESTS).parts[0]
+    except (ValueError, IndexError):
+        folder = ""
+    kinds = set(DIRECTORY_KINDS.get(folder, ()))
+    definitions = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    for name in getattr(item, "fixturenames", ()):
+        for fixture in definitions.get(name, ())[-1:]:  # the definition in force where the test is
+            kinds |= fixture_kinds(fixture.func)
+    kinds |= {m.name for m in item.iter_markers() if m.name in KINDS}
+    if UNIT in kinds and len(kinds) > 1:
+        raise pytest.UsageError(f"{item.nodeid}: marked unit but it is also {', '.join(sorted(kinds - {UNIT}))}")
+    return kinds or {UNIT}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())) or item.module.__name__.rsplit(".", 1)[-1] in ENGINE_MODULES:
-            item.add_marker(pytest.mark.engines)
+        for k in sorted(_kinds(item) - {m.name for m in item.iter_markers()}):
+            item.add_marker(getattr(pytest.mark, k))
 
 
 @pytest.fixture(scope="session")
+@kind(ENGINES)
 def model():
     from decode import Model
 
@@ -59,6 +70,7 @@ def tokenizer(generator):
 
 
 @pytest.fixture(scope="session")
+@kind(ENGINES, NETWORK)
 def llama_server(tmp_path_factory):
     """A real ``python -m llama_cpp.server`` on the default GGUF, on 127.0.0.1 (``tests/llama_server.py``):
     ``.base_url`` is ``http://127.0.0.1:PORT/v1``. It fails (never skips) when the server cannot start."""

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kinds import BROWSER, ENGINES, NETWORK, kind
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
@@ -177,6 +178,7 @@ def run_page(port: int, wav: Path, shot: Path, *, timeout_s: float = PAGE_TIMEOU
 
 
 @pytest.fixture(scope="module")
+@kind(BROWSER, ENGINES, NETWORK)
 def browser_available():
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium); the browser test needs Debian's chromium")

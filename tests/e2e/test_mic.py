@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kinds import ENGINES, kind
 from pulse import PulseServer
 
 from voice.audio import read_wav
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
+@kind(ENGINES)
 def pulse():
     server = PulseServer()
     yield server

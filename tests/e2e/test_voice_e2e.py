@@ -12,6 +12,7 @@ import re
 import statistics
 
 import pytest
+from kinds import ENGINES, kind
 
 from voice.audio import BufferSink
 from voice.latency import STAGES
@@ -35,6 +36,7 @@ def edit_distance(a, b) -> int:
 
 
 @pytest.fixture(scope="module")
+@kind(ENGINES)
 def engines():
     from voice.engines import load_engines
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from kinds import ENGINES, NETWORK, kind
 
 
 @pytest.fixture(scope="session")
+@kind(ENGINES, NETWORK)  # every test that takes them starts a server on them
 def shared():
     from voice.engines import SharedEngines
 

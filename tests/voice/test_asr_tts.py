@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 import pytest
+from kinds import ENGINES, kind
 from scipy.signal import resample_poly
 
 from voice.asr import FULL_WINDOW_S, Decoded, WhisperTranscriber, split_segments, window_for
@@ -35,6 +36,7 @@ def to_asr_audio(chunks: list[np.ndarray], rate: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
+@kind(ENGINES)
 def transcriber():
     t = WhisperTranscriber()
     t.warmup()
@@ -42,11 +44,13 @@ def transcriber():
 
 
 @pytest.fixture(scope="module")
+@kind(ENGINES)
 def piper():
     return PiperSynthesizer()
 
 
 @pytest.fixture(scope="module")
+@kind(ENGINES)
 def espeak():
     return EspeakSynthesizer()
 

@@ -10,6 +10,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from kinds import NETWORK, kind
 
 from voice.errors import LLMBackendError
 from voice.llm import Persona
@@ -34,6 +35,7 @@ class Script:
 
 
 @pytest.fixture
+@kind(NETWORK)
 def backend():
     script = Script()
 

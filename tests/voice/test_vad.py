@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import webrtcvad
+from kinds import ENGINES, kind
 from scipy.signal import resample_poly
 
 from voice.vad import (
@@ -43,6 +44,7 @@ def speak(text: str, rate: int = RATE) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
+@kind(ENGINES)
 def voice() -> dict[str, np.ndarray]:
     return {text: speak(text) for text in (*SENTENCES, "I would like a table", "for two people", "Please turn off the lights")}
 

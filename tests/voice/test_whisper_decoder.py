@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from kinds import ENGINES, kind
 from scipy.signal import resample_poly
 
 from voice.asr import WhisperTranscriber, whisper_model_dir
@@ -20,6 +21,7 @@ SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 
 
 @pytest.fixture(scope="module")
+@kind(ENGINES)
 def pair():
     """Both decoders on 8 s windows (where the short-window guard never decides for them), numpy's BLAS on one thread
     as the product runs it (``voice.engines.one_blas_thread``: the features, and so borderline words, depend on it)."""

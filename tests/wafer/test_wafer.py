@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kinds import ENGINES, kind
 
 from wafer.clock import EventQueue, Kind
 from wafer.deploy import Deployment, TurnFigures, project_turn
@@ -252,6 +253,7 @@ def test_simulated_timeline_invariants():
 # ------------------------------------------------------------------ the pipeline on the real model
 
 @pytest.fixture(scope="module")
+@kind(ENGINES)
 def generator():
     from decode.generate import Generator
 
