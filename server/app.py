@@ -1,10 +1,11 @@
-"""``wafervox serve``: the asyncio websockets adapter around ``RealtimeSession``.
+"""``wafervox serve``: the ASGI app around ``RealtimeSession``, served by uvicorn (``server.asgi``).
 
-The event loop only does I/O: HTTP routes (``/`` the demo page, ``/static/*``, ``/healthz``,
-``/metrics``, ``/v1/models``), the handshake checks (token, Origin, session count), reading client messages
-into their session, and writing each session's output with a bounded buffer.  Sessions compute
-on their own threads (``server.session``), sharing the engines loaded once (``SharedEngines``).
-Requests other than GET (``POST /v1/chat/completions``) never reach websockets: ``server.http_api`` answers them.
+The event loop only does I/O: HTTP routes (``/`` the demo page, ``/static/*``, ``/healthz``, ``/metrics``,
+``/v1/models``; Starlette routes them), the handshake checks (token, Origin, session count), reading client messages
+into their session, and writing each session's output with a bounded buffer.  Sessions compute on their own threads
+(``server.session``), sharing the engines loaded once (``SharedEngines``).  Every request but a GET (``POST
+/v1/chat/completions``) goes to ``server.chat``.  Before any route, ``_Front`` applies what holds for every request:
+the head's size, the rate per client address, ``Connection: close``.
 """
 
 from __future__ import annotations
@@ -14,22 +15,24 @@ import hmac
 import json
 import logging
 import mimetypes
+import socket
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from websockets.asyncio.server import ServerConnection, serve
-from websockets.datastructures import Headers
-from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Request, Response
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from voice.loop import LoopConfig
 
-from .http_api import CHAT_PATH, ApiError, ChatAPI
+from .asgi import MAX_HEAD_BYTES, AsgiServer, bind, closing, deny, head_bytes, respond
+from .chat import CHAT_PATH, ApiError, ChatAPI
 from .memory import trim
 from .metrics import CONTENT_TYPE, Metrics
 from .realtime import IdSource, ProtocolError
@@ -50,6 +53,8 @@ class ServerOptions:
     limits: Limits = field(default_factory=Limits)
     loop_config: LoopConfig = field(default_factory=LoopConfig)
     connect_rate: float = 10.0  # connections (websocket or HTTP) per second per client address, in bursts of 2 s worth
+    #: proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (the client address the rate limit sees)
+    trusted_proxies: tuple[str, ...] = ()
 
 
 class RateLimiter:
@@ -89,7 +94,7 @@ class _Outbox:
     Audio beyond ``limit`` queued bytes is dropped with one ``error`` event per overflow; a client
     that lets even the events pile up past twice the limit is disconnected."""
 
-    def __init__(self, ws: ServerConnection, loop: asyncio.AbstractEventLoop, limit: int, metrics: Metrics):
+    def __init__(self, ws: _Socket, loop: asyncio.AbstractEventLoop, limit: int, metrics: Metrics):
         self.ws, self.loop, self.limit, self.metrics = ws, loop, limit, metrics
         self.queue: deque[str | bytes] = deque()
         self.bytes = 0
@@ -146,16 +151,97 @@ class _Outbox:
             self.ready.clear()
 
 
+class _Socket:
+    """A session's websocket (Starlette's, over uvicorn's): sending, closing, the messages in, how it closed.  Sending
+    on a socket that has closed does nothing."""
+
+    def __init__(self, ws: WebSocket):
+        self.ws = ws
+        self.remote_address = (ws.client.host, ws.client.port) if ws.client else None
+        self.closed = False
+        self.close_code: int | None = None
+        self.close_reason = ""
+
+    async def send(self, frame: str | bytes) -> None:  # waits while the socket's write buffer is full
+        if self.closed:
+            return
+        try:
+            if isinstance(frame, bytes):
+                await self.ws.send_bytes(frame)
+            else:
+                await self.ws.send_text(frame)
+        except (WebSocketDisconnect, OSError, RuntimeError):
+            self.closed = True
+
+    async def close(self, code: int, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed, self.close_code, self.close_reason = True, code, reason
+        try:
+            await self.ws.close(code, reason)
+        except (WebSocketDisconnect, OSError, RuntimeError):
+            pass
+
+    async def messages(self):
+        while True:
+            msg = await self.ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                if self.close_code is None:
+                    self.close_code, self.close_reason = msg.get("code", 1005), msg.get("reason") or ""
+                self.closed = True
+                return
+            yield msg["text"] if msg.get("text") is not None else msg.get("bytes", b"")
+
+
+class _Front:
+    """What holds for every request, before any route: the head's size, the rate per client address (non-GET requests
+    have theirs checked by ``ChatAPI``, in its order and its error shape), websockets on their paths only, and
+    ``Connection: close`` on every HTTP answer."""
+
+    def __init__(self, app, server: VoiceServer):
+        self.app, self.server = app, server
+
+    async def __call__(self, scope, receive, send) -> None:
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        srv = self.server
+        over = head_bytes(scope) > MAX_HEAD_BYTES
+        too_big = f"the request line and headers are over {MAX_HEAD_BYTES} bytes"
+        if kind == "http":
+            send = closing(send)
+            if scope["method"] != "GET":
+                if over:
+                    await srv.chat.refuse(send, receive, ApiError(431, too_big, code="request_too_large"), True)
+                else:
+                    await srv.chat.handle(scope, receive, send)
+                return
+        refuse = (lambda status, text, headers=(): deny(send, status, text, headers)) if kind == "websocket" else \
+            (lambda status, text, headers=(): respond(send, status, text.encode(), "text/plain", headers))
+        address = scope["client"][0] if scope.get("client") else "?"
+        if over:
+            await refuse(431, too_big + "\n")
+        elif not srv.limiter.allow(address):
+            srv.metrics.rejected.labels("rate").inc()
+            await refuse(429, f"too many connections from {address}: at most {srv.opts.connect_rate:g} a second; retry shortly\n",
+                         (("Retry-After", "1"),))
+        elif kind == "websocket" and scope["path"] not in WS_PATHS:
+            await refuse(404, f"not found: {scope['path']}\n")
+        else:
+            await self.app(scope, receive, send)
+
+
 class VoiceServer:
     def __init__(self, shared, options: ServerOptions | None = None, metrics: Metrics | None = None):
         self.shared = shared
         self.opts = options or ServerOptions()
         self.metrics = metrics or Metrics()
         self.ids = _Ids()
-        self._conns: dict[ServerConnection, RealtimeSession] = {}  # the open sessions, by their connection
+        self._conns: dict[_Socket, RealtimeSession] = {}  # the open sessions, by their connection
         self._n = 0
         self.port: int | None = None
-        self._server = None
+        self._http: AsgiServer | None = None
         self.limiter = RateLimiter(self.opts.connect_rate, max(1.0, 2 * self.opts.connect_rate))
         self._metrics_page: tuple[float, bytes] | None = None  # rendered at most once a second
         self._trim_handle: asyncio.TimerHandle | None = None  # the trim after the last connection closed
@@ -163,43 +249,51 @@ class VoiceServer:
         self.chat = ChatAPI(shared, metrics=self.metrics, ids=self.ids, limiter=self.limiter, token=self.opts.token,
                             max_sessions=self.opts.limits.max_sessions, sessions=lambda: len(self._conns))
 
-    # -- HTTP and the handshake --------------------------------------------------------------------
+    def asgi_app(self):
+        """The ASGI app: the GET routes and the two websockets in Starlette, behind ``_Front``."""
+        routes = [Route("/", self._static), Route("/static/{name:path}", self._static), Route("/healthz", self._healthz),
+                  Route("/metrics", self._metrics), Route(CHAT_PATH, self._openai_get), Route("/v1/models", self._openai_get),
+                  Route("/v1/models/{name:path}", self._openai_get)]
+        for path in WS_PATHS:
+            routes += [WebSocketRoute(path, self._session), Route(path, self._upgrade_required)]
+        return _Front(Starlette(routes=routes, exception_handlers={404: self._not_found}), self)
 
-    def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
-        url = urlsplit(request.path)
-        path = url.path
-        address = conn.remote_address[0] if conn.remote_address else "?"
-        if not self.limiter.allow(address):
-            self.metrics.rejected.labels("rate").inc()
-            body = f"too many connections from {address}: at most {self.opts.connect_rate:g} a second; retry shortly\n".encode()
-            response = _response(HTTPStatus.TOO_MANY_REQUESTS, body, "text/plain")
-            response.headers["Retry-After"] = "1"
-            return response
-        if path in WS_PATHS:
-            return self._check_ws(conn, request, parse_qs(url.query))
-        if path == "/healthz":
-            body = {"status": "ok", "sessions": len(self._conns), "completions": self.chat.active,
-                    "max_sessions": self.opts.limits.max_sessions}
-            return _response(HTTPStatus.OK, json.dumps(body).encode(), "application/json")
-        if path == "/v1/models" or path.startswith("/v1/models/") or path == CHAT_PATH:
-            return self._openai_get(path, request)
-        if path == "/metrics":  # rendered here on the event loop from counters alone: no session or compute is touched
-            now = time.monotonic()
-            if self._metrics_page is None or now - self._metrics_page[0] >= 1.0:
-                self._metrics_page = (now, self.metrics.render())
-            return _response(HTTPStatus.OK, self._metrics_page[1], CONTENT_TYPE)
-        if path == "/" or path.startswith("/static/"):
-            name = "index.html" if path == "/" else path[len("/static/"):]
-            f = (STATIC / name).resolve()
-            if f.parent == STATIC.resolve() and f.is_file():
-                ctype = mimetypes.guess_type(f.name)[0] or "application/octet-stream"
-                if ctype.startswith("text/") or ctype.endswith("javascript"):
-                    ctype += "; charset=utf-8"
-                return _response(HTTPStatus.OK, f.read_bytes(), ctype)
-        return _response(HTTPStatus.NOT_FOUND, f"not found: {path}\n".encode(), "text/plain")
+    # -- HTTP routes (GET) -------------------------------------------------------------------------
 
-    def _openai_get(self, path: str, request: Request) -> Response:
+    async def _healthz(self, request: Request) -> Response:
+        body = {"status": "ok", "sessions": len(self._conns), "completions": self.chat.active,
+                "max_sessions": self.opts.limits.max_sessions}
+        return _response(200, json.dumps(body).encode(), "application/json")
+
+    async def _metrics(self, request: Request) -> Response:
+        """Rendered here on the event loop from counters alone: no session or compute is touched."""
+        now = time.monotonic()
+        if self._metrics_page is None or now - self._metrics_page[0] >= 1.0:
+            self._metrics_page = (now, self.metrics.render())
+        return _response(200, self._metrics_page[1], CONTENT_TYPE)
+
+    async def _static(self, request: Request) -> Response:
+        path = request.url.path
+        name = "index.html" if path == "/" else request.path_params["name"]
+        f = (STATIC / name).resolve()
+        if f.parent == STATIC.resolve() and f.is_file():
+            ctype = mimetypes.guess_type(f.name)[0] or "application/octet-stream"
+            if ctype.startswith("text/") or ctype.endswith("javascript"):
+                ctype += "; charset=utf-8"
+            return _response(200, f.read_bytes(), ctype)
+        return await self._not_found(request, None)
+
+    async def _not_found(self, request: Request, exc) -> Response:
+        return _response(404, f"not found: {request.url.path}\n".encode(), "text/plain")
+
+    async def _upgrade_required(self, request: Request) -> Response:
+        response = _response(426, f"{request.url.path} is a websocket: connect with a websocket client\n".encode(), "text/plain")
+        response.headers["Upgrade"] = "websocket"
+        return response
+
+    async def _openai_get(self, request: Request) -> Response:
         """``GET /v1/models`` (and ``/v1/models/ID``) in the OpenAI shapes, behind the same token as the rest."""
+        path = request.url.path
         err = self.chat.check_token(request.headers.get("Authorization"))
         if err is None and path == CHAT_PATH:
             err = ApiError(405, f"use POST for {CHAT_PATH}", code="method_not_allowed", headers=(("Allow", "POST"),))
@@ -207,25 +301,27 @@ class VoiceServer:
             err = ApiError(404, f"the model {path[len('/v1/models/'):]!r} does not exist; this server has "
                            f"{self.chat.model_id!r}", code="model_not_found", param="model")
         if err is not None:
-            response = _response(HTTPStatus(err.status), err.body(), "application/json")
+            response = _response(err.status, err.body(), "application/json")
             for k, v in err.headers:
                 response.headers[k] = v
             return response
         body = self.chat.models() if path == "/v1/models" else self.chat.model()
-        return _response(HTTPStatus.OK, json.dumps(body).encode(), "application/json")
+        return _response(200, json.dumps(body).encode(), "application/json")
 
-    def _check_ws(self, conn: ServerConnection, request: Request, query: dict) -> Response | None:
-        origin = request.headers.get("Origin")
-        if origin is not None and not self._origin_ok(origin, request.headers.get("Host", "")):
+    # -- the websocket handshake -------------------------------------------------------------------
+
+    def _check_ws(self, ws: WebSocket) -> Response | None:
+        origin = ws.headers.get("Origin")
+        if origin is not None and not self._origin_ok(origin, ws.headers.get("Host", "")):
             self.metrics.rejected.labels("origin").inc()
-            body = f"origin {origin} is not allowed (allow it with --allow-origin)\n".encode()
-            return _response(HTTPStatus.FORBIDDEN, body, "text/plain")
+            return _response(403, f"origin {origin} is not allowed (allow it with --allow-origin)\n".encode(), "text/plain")
         if self.opts.token:
-            offered = _token(request.headers, query)
+            offered = _token(ws.headers.get("Authorization", ""), ws.headers.getlist("Sec-WebSocket-Protocol"),
+                             parse_qs(ws.url.query))
             if offered is None or not hmac.compare_digest(offered.encode(), self.opts.token.encode()):
                 self.metrics.rejected.labels("token").inc()
                 what = "missing" if offered is None else "wrong"
-                return _response(HTTPStatus.UNAUTHORIZED, f"{what} token: send 'Authorization: Bearer <token>', the subprotocol "
+                return _response(401, f"{what} token: send 'Authorization: Bearer <token>', the subprotocol "
                                  f"'{KEY_SUBPROTOCOL}<token>' or ?token=<token>\n".encode(), "text/plain")
         return None
 
@@ -236,16 +332,22 @@ class VoiceServer:
         return o.scheme in ("http", "https") and o.netloc == host  # the page this server served
 
     @staticmethod
-    def _select_subprotocol(conn: ServerConnection, offered):
+    def _select_subprotocol(offered) -> str | None:
         if "realtime" in offered:
             return "realtime"
         return offered[0] if offered else None  # a browser drops the socket unless one it offered comes back
 
     # -- a connection ------------------------------------------------------------------------------
 
-    async def _handle(self, ws: ServerConnection) -> None:
-        url = urlsplit(ws.request.path)
-        path = url.path
+    async def _session(self, websocket: WebSocket) -> None:
+        denial = self._check_ws(websocket)
+        if denial is not None:
+            await websocket.send_denial_response(denial)
+            return
+        await websocket.accept(subprotocol=self._select_subprotocol(websocket.scope.get("subprotocols", [])))
+        await self._handle(_Socket(websocket), websocket.url.path, parse_qs(websocket.url.query))
+
+    async def _handle(self, ws: _Socket, path: str, query: dict) -> None:
         limits = self.opts.limits
         if len(self._conns) + self.chat.active >= limits.max_sessions:
             self.metrics.rejected.labels("full").inc()
@@ -258,7 +360,7 @@ class VoiceServer:
         native = path == "/v1/stream"
         session = RealtimeSession(self.shared, out.emit, native=native, limits=limits, ids=self.ids,
                                   loop_config=self.opts.loop_config, metrics=self.metrics, close=out.close, name=f"session-{self._n}",
-                                  extensions=native or wants_extensions(parse_qs(url.query)))
+                                  extensions=native or wants_extensions(query))
         out.session = session
         self._conns[ws] = session
         self.metrics.sessions.inc()
@@ -268,10 +370,8 @@ class VoiceServer:
         sender = asyncio.create_task(out.run())
         idle = asyncio.create_task(self._idle_watch(ws, session))
         try:
-            async for msg in ws:
+            async for msg in ws.messages():
                 session.submit(msg)
-        except ConnectionClosed:
-            pass
         finally:
             session.stop()
             idle.cancel()
@@ -292,7 +392,7 @@ class VoiceServer:
             self._trim_handle.cancel()
         self._trim_handle = asyncio.get_running_loop().call_later(delay_s, trim)
 
-    async def _idle_watch(self, ws: ServerConnection, session: RealtimeSession) -> None:
+    async def _idle_watch(self, ws: _Socket, session: RealtimeSession) -> None:
         limit = self.opts.limits.idle_timeout_s
         while True:
             await asyncio.sleep(min(1.0, limit / 4))
@@ -300,32 +400,27 @@ class VoiceServer:
                 await self.say_goodbye(ws, session, 1000, f"idle for more than {limit:g} s")
                 return
 
-    async def say_goodbye(self, ws: ServerConnection, session: RealtimeSession, code: int, reason: str) -> None:
+    async def say_goodbye(self, ws: _Socket, session: RealtimeSession, code: int, reason: str) -> None:
         """Close a session from our side: its ``session.latency`` summary first."""
-        try:
-            if session.loop is not None and session.extensions:
-                await ws.send(session.proto.session_latency(session.summary()).to_json())
-            await ws.close(code, reason)
-        except ConnectionClosed:
-            pass
+        if session.loop is not None and session.extensions:
+            await ws.send(session.proto.session_latency(session.summary()).to_json())
+        await ws.close(code, reason)
 
     # -- running -----------------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        limits = self.opts.limits
-        self._server = await serve(
-            self._handle, self.opts.host, self.opts.port, process_request=self._process_request,
-            select_subprotocol=self._select_subprotocol, max_size=4 * limits.max_message_bytes,
-            write_limit=1 << 16, max_queue=64, server_header="wafervox", create_connection=self.chat.create_connection())
-        self.port = self._server.sockets[0].getsockname()[1]
+    async def start(self, sock: socket.socket | None = None) -> None:
+        """Listen on ``sock``, else on the options' host and port (OSError when that cannot be)."""
+        self._http = AsgiServer(self.asgi_app(), ws_max_size=4 * self.opts.limits.max_message_bytes,
+                                trusted_proxies=self.opts.trusted_proxies)
+        await self._http.start(sock if sock is not None else bind(self.opts.host, self.opts.port))
+        self.port = self._http.port
 
     async def stop(self) -> None:
         for ws, session in list(self._conns.items()):
             await self.say_goodbye(ws, session, 1001, "server shutting down")
         await self.chat.close()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        if self._http is not None:
+            await self._http.stop()
 
 
 def wants_extensions(query: dict) -> bool:
@@ -335,11 +430,10 @@ def wants_extensions(query: dict) -> bool:
     return any(v.strip().lower() in ("1", "true", "yes", "on") for v in query.get("extensions", []))
 
 
-def _token(headers: Headers, query: dict) -> str | None:
-    auth = headers.get("Authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    for proto in ",".join(headers.get_all("Sec-WebSocket-Protocol")).split(","):
+def _token(authorization: str, protocols: list[str], query: dict) -> str | None:
+    if authorization.lower().startswith("bearer "):
+        return authorization[7:].strip()
+    for proto in ",".join(protocols).split(","):
         proto = proto.strip()
         if proto.startswith(KEY_SUBPROTOCOL):
             return proto[len(KEY_SUBPROTOCOL):]
@@ -347,9 +441,5 @@ def _token(headers: Headers, query: dict) -> str | None:
     return vals[0] if vals else None
 
 
-def _response(status: HTTPStatus, body: bytes, ctype: str) -> Response:
-    # websockets closes the connection after any answer but 101: say so, or an HTTP client (the openai SDK's pool)
-    # sends its next request on it and finds it closed
-    headers = Headers([("Content-Type", ctype), ("Content-Length", str(len(body))), ("Cache-Control", "no-store"),
-                       ("Connection", "close")])
-    return Response(status.value, status.phrase, headers, body)
+def _response(status: int, body: bytes, ctype: str) -> Response:
+    return Response(body, status, headers={"Content-Type": ctype})

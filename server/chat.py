@@ -1,18 +1,12 @@
-"""``POST /v1/chat/completions`` on the websocket server's own port, answered by the decode core, so that any
-OpenAI client can use it (``base_url="http://HOST:PORT/v1"``).
+"""``POST /v1/chat/completions`` on the server's own port, answered by the decode core, so that any OpenAI client can
+use it (``base_url="http://HOST:PORT/v1"``).
 
-websockets' HTTP parser takes GET requests only (anything else gets 400 before ``process_request`` runs), so every
-TCP connection starts with a sniffer: ``sniffing()`` is ``serve``'s ``create_connection``, and the
-``SniffingConnection`` it makes looks at the first four bytes before websockets sees any.  ``GET `` hands the
-connection back to websockets untouched (the handshake and ``process_request``'s routes, ``GET /v1/models``
-included); any other method goes to ``HttpProtocol``, a small HTTP/1.1 server for one request a connection.
-
-As in the rest of the server: sans-I/O cores (``RequestReader`` parses a request, ``parse_chat`` checks a body and
-maps it onto the decode core's terms, ``StopScanner`` cuts streamed text at stop strings, and the response
-builders), a thin asyncio shell (the sniffer, ``HttpProtocol``, ``ChatAPI``), and each completion decoded on a
-thread of its own (``_Decode``) on a fork of the shared decode core's generator, so the event loop only does I/O.
-A completion holds one of the server's ``max_sessions`` slots while it decodes (its fork is as big as a
-session's KV cache), so the memory ``serve`` plans for at start-up still holds.
+Sans-I/O cores (``parse_chat`` checks a body and maps it onto the decode core's terms, ``StopScanner`` cuts streamed
+text at stop strings, and the response builders), a thin ASGI shell (``ChatAPI.handle``: the request's checks, its
+body, the answer, plain or as server-sent events) behind uvicorn, which parses HTTP, and each completion decoded on a
+thread of its own (``_Decode``) on a fork of the shared decode core's generator, so that the event loop only does I/O.
+A completion holds one of the server's ``max_sessions`` slots while it decodes (its fork is as big as a session's KV
+cache), so the memory ``serve`` plans for at start-up still holds.
 """
 
 from __future__ import annotations
@@ -22,36 +16,28 @@ import hmac
 import json
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http import HTTPStatus
 from pathlib import Path
-from urllib.parse import urlsplit
-
-from websockets.asyncio.server import ServerConnection
 
 from decode import GREEDY, ContextLengthError, SamplingParams
 from decode.generate import common_prefix
 
+from .asgi import Receive, Send, respond
 from .memory import trim
 
 log = logging.getLogger("wafervox.server")
 CHAT_PATH = "/v1/chat/completions"
-MAX_HEAD_BYTES = 16 << 10  # request line and headers (431 past it)
 MAX_BODY_BYTES = 1 << 20  # a request body (413 past it)
-SNIFF_TIMEOUT_S = 10.0  # a connection's first bytes (websockets' own open_timeout)
-REQUEST_TIMEOUT_S = 30.0  # a whole request, head and body (408 past it)
+BODY_TIMEOUT_S = 30.0  # a request's body, from its head on (408 past it)
 LINGER_S = 2.0  # after an error answered before the body was read: the body is read and dropped this long, then closed
 DEFAULT_MAX_TOKENS = 512  # when the request names none (the context's room caps it either way)
 #: temperature > 0 samples among this many most likely tokens, then top_p (llama.cpp's server does the same)
 TOP_K = 40
 MAX_STOPS = 4
 TRIM_INTERVAL_S = 5.0
-_TOKEN = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-
 
 class ApiError(Exception):
     """An answer in OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
@@ -64,92 +50,6 @@ class ApiError(Exception):
     def body(self) -> bytes:
         return json.dumps({"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}).encode()
 
-
-# -- HTTP requests (sans-I/O) ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Head:
-    method: str
-    target: str
-    headers: dict[str, str]  # lower-case names; a repeated header's values joined with ", "
-    content_length: int | None
-
-    @property
-    def path(self) -> str:
-        return urlsplit(self.target).path
-
-    @property
-    def expects_continue(self) -> bool:
-        return self.headers.get("expect", "").lower() == "100-continue"
-
-
-@dataclass(frozen=True, slots=True)
-class Body:
-    data: bytes
-
-
-class RequestReader:
-    """Bytes in (``feed``), one request out (``next_event``: a ``Head``, then a ``Body``, else None while more bytes
-    are needed); a malformed or oversized request raises ``ApiError`` with the status to answer.  A POST needs a
-    Content-Length (no chunked bodies); other methods carry no body."""
-
-    def __init__(self, max_head: int = MAX_HEAD_BYTES, max_body: int = MAX_BODY_BYTES):
-        self.max_head, self.max_body = max_head, max_body
-        self._buf = bytearray()
-        self.head: Head | None = None
-        self.done = False
-
-    def feed(self, data: bytes) -> None:
-        self._buf += data
-
-    def next_event(self) -> Head | Body | None:
-        if self.done:
-            return None
-        if self.head is None:
-            end = self._buf.find(b"\r\n\r\n")
-            if (len(self._buf) if end < 0 else end + 4) > self.max_head:
-                raise ApiError(431, f"the request line and headers are over {self.max_head} bytes", code="request_too_large")
-            if end < 0:
-                return None
-            self.head = _parse_head(bytes(self._buf[:end]), self.max_body)
-            del self._buf[:end + 4]
-            return self.head
-        n = self.head.content_length or 0
-        if len(self._buf) < n:
-            return None
-        self.done = True
-        body, self._buf = bytes(self._buf[:n]), bytearray()
-        return Body(body)
-
-
-def _parse_head(raw: bytes, max_body: int) -> Head:
-    lines = raw.split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not _TOKEN.match(parts[0]) or not parts[1] or not parts[2].startswith(b"HTTP/1."):
-        raise ApiError(400, "malformed request line", code="bad_request")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not _TOKEN.match(name):
-            raise ApiError(400, f"malformed header line {line[:60]!r}", code="bad_request")
-        key, val = name.decode("ascii").lower(), value.strip().decode("latin-1")
-        headers[key] = f"{headers[key]}, {val}" if key in headers else val
-    method = parts[0].decode("ascii")
-    if "transfer-encoding" in headers:
-        raise ApiError(411, "send the body with a Content-Length header (chunked request bodies are not accepted)",
-                       code="length_required")
-    length = headers.get("content-length")
-    if length is not None:
-        values = {v.strip() for v in length.split(",")}
-        if len(values) != 1 or not next(iter(values)).isdigit():
-            raise ApiError(400, f"bad Content-Length {length!r}", code="bad_request")
-        length = int(next(iter(values)))
-        if length > max_body:
-            raise ApiError(413, f"the body is {length} bytes; the limit is {max_body}", code="request_too_large")
-    elif method == "POST":
-        raise ApiError(411, "a POST needs a Content-Length header", code="length_required")
-    return Head(method=method, target=parts[1].decode("latin-1"), headers=headers, content_length=length)
 
 
 # -- the request body (sans-I/O) -------------------------------------------------------------------
@@ -347,225 +247,41 @@ def sse(obj: dict | str) -> bytes:
     return b"data: " + (obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))).encode() + b"\n\n"
 
 
-def response_head(status: int, headers: list[tuple[str, str]]) -> bytes:
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Server: wafervox", "Connection: close", "Cache-Control: no-store",
-             *(f"{k}: {v}" for k, v in headers)]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+# -- the ASGI shell --------------------------------------------------------------------------------
 
 
-def chunked(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data) if data else b""
+class _Request:
+    """What the checks need of an ASGI ``http`` scope (uvicorn parsed it: the names are lower case)."""
 
-
-# -- the sniffer: which connections websockets gets ------------------------------------------------
-
-
-def sniffing(other: Callable[[asyncio.Transport], asyncio.Protocol], undecided: set, timeout_s: float = SNIFF_TIMEOUT_S):
-    """``create_connection`` for websockets' ``serve``: connections that start with ``GET `` stay websockets'; any
-    other goes to the protocol ``other(transport)`` makes.  ``undecided`` holds the transports whose first bytes have
-    not come yet (for the server to abort when it stops)."""
-
-    def create(*args, **kwargs) -> SniffingConnection:
-        return SniffingConnection(other, undecided, timeout_s, *args, **kwargs)
-
-    return create
-
-
-class SniffingConnection(ServerConnection):
-    """websockets' connection, made when the TCP connection is accepted as usual, but started (``connection_made``,
-    which starts websockets' handler task) only once the request's first bytes say GET; until then a ``_Sniffer`` is
-    the transport's protocol."""
-
-    def __init__(self, other, undecided: set, timeout_s: float, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._other, self._sniffing, self._sniff_timeout_s = other, undecided, timeout_s
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.set_protocol(_Sniffer(self, transport, self._sniff_timeout_s))
-        self._sniffing.add(transport)
-
-    def _to_websockets(self, transport: asyncio.Transport, data: bytes) -> None:
-        transport.set_protocol(self)
-        super().connection_made(transport)
-        self.data_received(data)
-
-    def _to_http(self, transport: asyncio.Transport, data: bytes) -> None:
-        proto = self._other(transport)
-        transport.set_protocol(proto)
-        proto.connection_made(transport)
-        proto.data_received(data)
-
-
-class _Sniffer(asyncio.Protocol):
-    def __init__(self, conn: SniffingConnection, transport, timeout_s: float):
-        self.conn, self.transport = conn, transport
-        self.buf = b""
-        self.timer = asyncio.get_running_loop().call_later(timeout_s, transport.abort)
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        n = min(len(self.buf), 4)
-        if self.buf[:n] == b"GET "[:n] and n < 4:
-            return
-        self.timer.cancel()
-        self.conn._sniffing.discard(self.transport)
-        if n == 4 and self.buf[:4] == b"GET ":
-            self.conn._to_websockets(self.transport, self.buf)
-        else:
-            self.conn._to_http(self.transport, self.buf)
-
-    def eof_received(self) -> bool:
-        return False  # closes
-
-    def connection_lost(self, exc) -> None:
-        self.timer.cancel()
-        self.conn._sniffing.discard(self.transport)
-
-
-# -- one HTTP connection ---------------------------------------------------------------------------
-
-
-class HttpProtocol(asyncio.Protocol):
-    """One request, one response, then the connection closes.  ``api.check_head`` judges the head before the body is
-    read, ``api.handle`` answers the whole request; an error answered before the body was read is followed by a short
-    linger (the client's body read and dropped), so that the client reads the answer instead of a reset."""
-
-    def __init__(self, api: ChatAPI, transport: asyncio.Transport):
-        self.api, self.transport = api, transport
-        peer = transport.get_extra_info("peername")
-        self.address = peer[0] if peer else "?"
-        self.reader = RequestReader(api.max_head, api.max_body)
-        self.loop = asyncio.get_running_loop()
-        self.timer = self.loop.call_later(REQUEST_TIMEOUT_S, self._timeout)
-        self.task: asyncio.Task | None = None
-        self.closed = False  # the connection is gone (or going): nothing more is written
-        self.on_lost: Callable[[], None] | None = None  # the completion in progress, to stop
-        self._lingering = False
-        self._sent = False  # a response has begun
-        self._paused = False
-        self._drained: asyncio.Future | None = None
-
-    def connection_made(self, transport) -> None:
-        self.api.connections.add(self)
-
-    def data_received(self, data: bytes) -> None:
-        if self.task is not None or self._lingering or self.closed:
-            return  # past the one request: dropped
-        self.reader.feed(data)
-        try:
-            while (ev := self.reader.next_event()) is not None:
-                if isinstance(ev, Head):
-                    err = self.api.check_head(ev, self.address)
-                    if err is not None:
-                        self.fail(err)
-                        return
-                    if ev.expects_continue and ev.content_length:
-                        self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                else:
-                    self.timer.cancel()
-                    self.task = self.loop.create_task(self.api.handle(self, ev.data))
-                    self.task.add_done_callback(self._handled)
-                    return
-        except ApiError as e:
-            self.fail(e)
-
-    def _handled(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:  # a bug: this request fails, the server goes on
-            log.error("a chat completion request failed", exc_info=task.exception())
-            if self._sent:
-                self.close()
-            else:
-                self.respond(500, ApiError(500, "internal error", type="server_error", code="server_error").body())
-
-    def eof_received(self) -> bool:
-        self._lost()  # a client that stops sending has gone: its completion stops
-        return False
-
-    def connection_lost(self, exc) -> None:
-        self._lost()
-        self.api.connections.discard(self)
-
-    def _lost(self) -> None:
-        self.closed = True
-        self.timer.cancel()
-        if self.on_lost is not None:
-            self.on_lost()
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
-
-    def pause_writing(self) -> None:
-        self._paused = True
-
-    def resume_writing(self) -> None:
-        self._paused = False
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
-
-    async def drain(self) -> None:
-        while self._paused and not self.closed:
-            self._drained = self.loop.create_future()
-            await self._drained
-
-    def write(self, data: bytes) -> None:
-        if not self.closed and data:
-            self._sent = True
-            self.transport.write(data)
-
-    def respond(self, status: int, body: bytes, ctype: str = "application/json", headers=()) -> None:
-        self.write(response_head(status, [("Content-Type", ctype), ("Content-Length", str(len(body))), *headers]) + body)
-        self.close()
-
-    def fail(self, err: ApiError) -> None:
-        """Answer ``err``; before the body is read, linger for it."""
-        self.api.count_error(err)
-        if self.reader.done:
-            self.respond(err.status, err.body(), headers=err.headers)
-            return
-        self.write(response_head(err.status, [("Content-Type", "application/json"), ("Content-Length", str(len(err.body()))),
-                                              *err.headers]) + err.body())
-        self._lingering = True
-        self.timer.cancel()
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self.timer = self.loop.call_later(LINGER_S, self.close)
-
-    def close(self) -> None:
-        self.closed = True
-        self.transport.close()
-
-    def _timeout(self) -> None:
-        if self.task is None and not self._lingering:
-            self.fail(ApiError(408, f"the request did not arrive within {REQUEST_TIMEOUT_S:g} s", code="request_timeout"))
-
-
-# -- the API ---------------------------------------------------------------------------------------
+    def __init__(self, scope: dict):
+        self.method, self.path = scope["method"], scope["path"]
+        self.address = scope["client"][0] if scope.get("client") else "?"
+        self.headers: dict[str, str] = {}
+        for k, v in scope["headers"]:
+            key, val = k.decode("latin-1"), v.decode("latin-1")
+            self.headers[key] = f"{self.headers[key]}, {val}" if key in self.headers else val
+        length = self.headers.get("content-length")
+        self.length = int(length) if length is not None and length.isdigit() else None
+        self.chunked = "transfer-encoding" in self.headers
+        #: a body may still be on its way (unless the client waits for a 100 Continue that an early answer never sends)
+        self.body_pending = (self.chunked or bool(self.length)) and self.headers.get("expect", "").lower() != "100-continue"
 
 
 class ChatAPI:
-    """The OpenAI-compatible HTTP side of a ``VoiceServer``: its checks (rate, route, token, size, capacity), the
-    completions in progress, ``GET /v1/models``'s answer."""
+    """The OpenAI-compatible HTTP side of a ``VoiceServer``: every request but a GET comes here.  Its checks (size,
+    rate, route, token, capacity), the completions in progress, ``GET /v1/models``'s answer."""
 
     def __init__(self, shared, *, metrics, ids: Callable[[str], str], limiter, token: str | None, max_sessions: int,
-                 sessions: Callable[[], int], max_head: int = MAX_HEAD_BYTES, max_body: int = MAX_BODY_BYTES):
+                 sessions: Callable[[], int], max_body: int = MAX_BODY_BYTES):
         self.shared, self.metrics, self.ids, self.limiter, self.token = shared, metrics, ids, limiter, token
-        self.max_sessions, self.sessions = max_sessions, sessions
-        self.max_head, self.max_body = max_head, max_body
+        self.max_sessions, self.sessions, self.max_body = max_sessions, sessions, max_body
         self.generator = shared.generator  # the one sessions fork (with --llm too: this endpoint's answers are local)
         self.model_id = Path(str(self.generator.model.file.path)).stem
-        self.connections: set[HttpProtocol] = set()
-        self.sniffing: set[asyncio.BaseTransport] = set()  # connections whose first bytes have not come yet
         self.jobs: set[_Decode] = set()  # completions decoding (each holds a session slot until its thread ends)
 
     @property
     def active(self) -> int:
         return len(self.jobs)
-
-    def connection(self, transport: asyncio.Transport) -> HttpProtocol:
-        return HttpProtocol(self, transport)
-
-    def create_connection(self):
-        """websockets' ``serve(create_connection=...)``: GET stays websockets', the rest comes here."""
-        return sniffing(self.connection, self.sniffing)
 
     def models(self) -> dict:
         return {"object": "list", "data": [self.model()]}
@@ -586,36 +302,84 @@ class ChatAPI:
         return ApiError(401, f"{what} API key: send 'Authorization: Bearer <token>' with the server's token (its --token)",
                         code="invalid_api_key")
 
-    def check_head(self, head: Head, address: str) -> ApiError | None:
-        if not self.limiter.allow(address):
+    def check_framing(self, req: _Request) -> ApiError | None:
+        """The body's framing, judged on the head before anything else (uvicorn has refused malformed heads)."""
+        if req.chunked:
+            return ApiError(411, "send the body with a Content-Length header (chunked request bodies are not accepted)",
+                            code="length_required")
+        if req.length is not None and req.length > self.max_body:
+            return ApiError(413, f"the body is {req.length} bytes; the limit is {self.max_body}", code="request_too_large")
+        if req.length is None and req.method == "POST":
+            return ApiError(411, "a POST needs a Content-Length header", code="length_required")
+        return None
+
+    def check_head(self, req: _Request) -> ApiError | None:
+        if not self.limiter.allow(req.address):
             self.metrics.rejected.labels("rate").inc()
-            return ApiError(429, f"too many requests from {address}: at most {self.limiter.rate:g} a second; retry shortly",
+            return ApiError(429, f"too many requests from {req.address}: at most {self.limiter.rate:g} a second; retry shortly",
                             type="requests", code="rate_limit_exceeded", headers=(("Retry-After", "1"),))
-        if head.method not in ("GET", "POST"):
-            return ApiError(405, f"method {head.method} is not allowed: POST {CHAT_PATH}, GET elsewhere",
+        if req.method not in ("GET", "POST"):
+            return ApiError(405, f"method {req.method} is not allowed: POST {CHAT_PATH}, GET elsewhere",
                             code="method_not_allowed", headers=(("Allow", "GET, POST"),))
-        if head.path != CHAT_PATH:
-            return ApiError(404, f"not found: {head.method} {head.path} (POST is answered at {CHAT_PATH} only)", code="not_found")
-        return self.check_token(head.headers.get("authorization"))
+        if req.path != CHAT_PATH:
+            return ApiError(404, f"not found: {req.method} {req.path} (POST is answered at {CHAT_PATH} only)", code="not_found")
+        return self.check_token(req.headers.get("authorization"))
 
     def count_error(self, err: ApiError) -> None:
         if err.code and err.status not in (401, 429):  # those two are counted as refused connections
             self.metrics.error(err.code)
 
-    # -- a completion ------------------------------------------------------------------------------
+    async def refuse(self, send: Send, receive: Receive, err: ApiError, body_pending: bool) -> None:
+        """Answer ``err``; while the client may still be sending its body, linger for it (read and dropped) so that it
+        reads the answer instead of a reset."""
+        self.count_error(err)
+        await respond(send, err.status, err.body(), headers=err.headers, more=body_pending)
+        if not body_pending:
+            return
+        try:
+            async with asyncio.timeout(LINGER_S):
+                while (msg := await receive())["type"] == "http.request" and msg.get("more_body"):
+                    pass
+        except TimeoutError:
+            pass
+        await send({"type": "http.response.body", "body": b""})
 
-    async def handle(self, conn: HttpProtocol, body: bytes) -> None:
+    # -- a request ---------------------------------------------------------------------------------
+
+    async def handle(self, scope: dict, receive: Receive, send: Send) -> None:
+        """An ASGI ``http`` request whose method is not GET."""
+        req = _Request(scope)
+        err = self.check_framing(req) or self.check_head(req)
+        if err is not None:
+            await self.refuse(send, receive, err, req.body_pending)
+            return
+        parts = []
+        try:
+            async with asyncio.timeout(BODY_TIMEOUT_S):
+                while True:
+                    msg = await receive()
+                    if msg["type"] == "http.disconnect":
+                        return  # the client left
+                    parts.append(msg.get("body", b""))
+                    if not msg.get("more_body"):
+                        break
+        except TimeoutError:
+            err = ApiError(408, f"the request's body did not arrive within {BODY_TIMEOUT_S:g} s", code="request_timeout")
+            await self.refuse(send, receive, err, True)
+            return
+        await self.complete(b"".join(parts), receive, send)
+
+    async def complete(self, body: bytes, receive: Receive, send: Send) -> None:
         try:
             req = await asyncio.to_thread(parse_chat, body)  # up to a megabyte of JSON: not on the event loop
         except ApiError as e:
-            conn.fail(e)
-            return
-        if conn.closed:  # the client left meanwhile
+            await self.refuse(send, receive, e, False)
             return
         if self.sessions() + self.active >= self.max_sessions:
             self.metrics.rejected.labels("full").inc()
-            conn.fail(ApiError(503, f"server full: {self.max_sessions} sessions and completions in progress; retry shortly",
-                               type="server_error", code="server_full", headers=(("Retry-After", "1"),)))
+            await self.refuse(send, receive, ApiError(503, f"server full: {self.max_sessions} sessions and completions in "
+                                                      "progress; retry shortly", type="server_error", code="server_full",
+                                                      headers=(("Retry-After", "1"),)), False)
             return
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
@@ -630,9 +394,12 @@ class ChatAPI:
         job = _Decode(self.shared, req, post, name=cid)
         self.jobs.add(job)
         job.on_end = lambda: self._ended(loop, job)
-        conn.on_lost = job.cancelled.set
         job.thread.start()
-        await _Reply(self, conn, req, events, cid).run()
+        gone = asyncio.create_task(_watch(receive, job.cancelled.set))  # a client that leaves stops its completion
+        try:
+            await _Reply(self, send, receive, req, events, cid).run()
+        finally:
+            gone.cancel()
 
     def _ended(self, loop, job) -> None:  # from the decode thread, when its fork is closed
         try:
@@ -641,72 +408,76 @@ class ChatAPI:
             self.jobs.discard(job)
 
     async def close(self) -> None:
-        """The server is stopping: completions stop, connections close, decode threads are waited for."""
+        """The server is stopping: completions stop, their decode threads are waited for."""
         for job in list(self.jobs):
             job.cancelled.set()
-        tasks = [c.task for c in self.connections if c.task is not None]
-        for transport in [c.transport for c in self.connections] + list(self.sniffing):
-            transport.abort()
         for job in list(self.jobs):
             await asyncio.to_thread(job.thread.join, 10)
-        if tasks:
-            await asyncio.wait(tasks, timeout=10)
+
+
+async def _watch(receive: Receive, on_gone: Callable[[], None]) -> None:
+    """Once the body is read, the next ASGI message is ``http.disconnect``: the client left (or the answer ended)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    on_gone()
 
 
 class _Reply:
     """A completion's events from its decode thread, written as one JSON answer or as server-sent events."""
 
-    def __init__(self, api: ChatAPI, conn: HttpProtocol, req: ChatRequest, events: asyncio.Queue, cid: str):
-        self.api, self.conn, self.req, self.events = api, conn, req, events
+    def __init__(self, api: ChatAPI, send: Send, receive: Receive, req: ChatRequest, events: asyncio.Queue, cid: str):
+        self.api, self.send, self.receive, self.req, self.events = api, send, receive, req, events
         self.cid, self.created, self.model = cid, int(time.time()), api.model_id
 
     async def run(self) -> None:
         ev = await self.events.get()  # ("error", ...) and ("end", ...) are the last a decode thread posts
         if ev[0] == "error":
-            self.conn.fail(ev[1])
+            await self.api.refuse(self.send, self.receive, ev[1], False)
             return
         _, prompt, cached = ev
         if self.req.stream:
             await self._stream(prompt, cached)
-        else:
-            texts = []
-            while (ev := await self.events.get())[0] == "text":
-                texts.append(ev[1])
-            if ev[0] == "error":
-                self._count("error", prompt, 0)
-                self.conn.fail(ev[1])
-                return
-            finish, out = ev[1], ev[2]
-            self._count(finish, prompt, out)
-            if finish is not None:
-                body = completion_object(self.cid, self.created, self.model, "".join(texts), finish, usage(prompt, cached, out))
-                self.conn.respond(200, json.dumps(body).encode())
+            return
+        texts = []
+        while (ev := await self.events.get())[0] == "text":
+            texts.append(ev[1])
+        if ev[0] == "error":
+            self._count("error", prompt, 0)
+            await self.api.refuse(self.send, self.receive, ev[1], False)
+            return
+        finish, out = ev[1], ev[2]
+        self._count(finish, prompt, out)
+        if finish is not None:
+            body = completion_object(self.cid, self.created, self.model, "".join(texts), finish, usage(prompt, cached, out))
+            await respond(self.send, 200, json.dumps(body).encode())
 
     async def _stream(self, prompt: int, cached: int) -> None:
-        conn, inc = self.conn, self.req.include_usage
+        inc = self.req.include_usage
 
-        def chunk(delta, finish=None, use=None):
-            return chunked(sse(chunk_object(self.cid, self.created, self.model, delta, finish, include_usage=inc, use=use)))
+        async def write(data: bytes) -> None:  # waits while the client's socket is full
+            await self.send({"type": "http.response.body", "body": data, "more_body": True})
 
-        conn.write(response_head(200, [("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked")]))
-        conn.write(chunk({"role": "assistant", "content": "", "refusal": None}))
+        def chunk(delta, finish=None, use=None) -> bytes:
+            return sse(chunk_object(self.cid, self.created, self.model, delta, finish, include_usage=inc, use=use))
+
+        # no Content-Length: HTTP/1.1's chunked transfer coding, by uvicorn
+        await self.send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await write(chunk({"role": "assistant", "content": "", "refusal": None}))
         while (ev := await self.events.get())[0] == "text":
-            conn.write(chunk({"content": ev[1]}))
-            await conn.drain()
+            await write(chunk({"content": ev[1]}))
         if ev[0] == "error":
             err = ev[1]
             self._count("error", prompt, 0)
             self.api.count_error(err)
-            conn.write(chunked(sse({"error": json.loads(err.body())["error"]})))
+            await write(sse({"error": json.loads(err.body())["error"]}))
         else:
             finish, out = ev[1], ev[2]
             self._count(finish, prompt, out)
             if finish is not None:
-                conn.write(chunk({}, finish))
+                await write(chunk({}, finish))
                 if inc:
-                    conn.write(chunk(None, use=usage(prompt, cached, out)))
-        conn.write(chunked(sse("[DONE]")) + b"0\r\n\r\n")
-        conn.close()
+                    await write(chunk(None, use=usage(prompt, cached, out)))
+        await self.send({"type": "http.response.body", "body": sse("[DONE]")})
 
     def _count(self, finish: str | None, prompt: int, out: int) -> None:
         m = self.api.metrics
@@ -780,3 +551,4 @@ class _Decode:
         finally:
             gen.close()
             trim(TRIM_INTERVAL_S)
+
