@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -54,6 +54,7 @@ from .mitigation import Mitigation
 from .phrases import PhraseChunker, PhraseConfig
 from .playout import Playout
 from .protocols import ASR_RATE, Clock, Conversation, FunctionCallPiece, Sink, Synthesizer, Transcriber
+from .response import Kind, Phase, Response
 from .turn_end import TurnEndScorer, scoring_context
 from .turns import TurnEvent, TurnMachine, TurnState
 from .vad import EarlyPause, EarlyResume, Endpointer, EndpointerConfig, Pause, SpeechResumed, SpeechStarted, SpeechStopped, VadEvent
@@ -81,48 +82,6 @@ class Engines:
     turn_end: TurnEndScorer | None = None
 
 
-@dataclass
-class _Response:
-    """One answer in progress (speculative until the endpoint adopts it)."""
-
-    first_voiced: int
-    last_voiced: int
-    speculative: bool
-    heard_until: int = 0  # the end (exclusive) of the audio it transcribes
-    stamps: dict = field(default_factory=dict)
-    transcript: str = ""
-    transcribed: bool = False
-    announced: int = 0  # phrases announced through PhraseStarted
-    phrases: list[str] = field(default_factory=list)
-    held: list[tuple[int, np.ndarray]] = field(default_factory=list)
-    released: bool = False
-    answered: bool = False
-    finished: bool = False
-    gen: Iterator | None = None
-    sim: dict = field(default_factory=dict)  # the LLM's simulated seconds from the reply's start: first_token, first_phrase
-    due_s: float | None = None  # paced: the clock time before which its next piece may not be used
-    parked: bool = False  # started at an early pause that was withdrawn: waits for the endpointer's pause
-    failed: bool = False  # its speculative transcript is not to be used (``Transcript.retry``)
-    end_of_turn: dict | None = None  # the end-of-turn score and decision made at its pause (for the report)
-    transcribe_only: bool = False  # the turn is transcribed, not answered (``LoopConfig.create_response`` False)
-    continuation: bool = False  # no user turn: the LLM goes on from the conversation (after a tool's result)
-    fixed: str | None = None  # a set answer, not the LLM's (the idle prompt)
-    calls: list = field(default_factory=list)  # tool-call pieces held until the answer is released
-    called: bool = False  # the reply called a tool
-    error: str | None = None  # the LLM backend failed (``LLMBackendError``): the turn ends with what was spoken
-    steps: list[str] = field(default_factory=list)  # mitigation steps planned for it (``voice.mitigation.ORDER``)
-    used: list[str] = field(default_factory=list)  # ... and those that changed what it did
-    forecast_ms: float | None = None  # its voice-to-voice as last forecast
-    chunker: PhraseChunker | None = None  # its reply's phrase chunker, once the reply started
-
-    def stamp(self, name: str, t: float) -> None:
-        self.stamps.setdefault(name, t)
-
-    def ready(self, now: float) -> bool:
-        """Work left that may be done now."""
-        return not self.finished and not self.parked and (self.due_s is None or now >= self.due_s)
-
-
 class VoiceLoop:
     def __init__(self, engines: Engines, sink: Sink, clock: Clock, config: LoopConfig | None = None,
                  on_report: Callable[[TurnReport], None] | None = None,
@@ -148,8 +107,8 @@ class VoiceLoop:
         self.barge_ins: list[BargeIn] = []
         self._trace: TurnTrace | None = None
         self._trace_first = 0  # the first voiced sample of the open trace's turn
-        self._task: _Response | None = None  # the answer to the user's turn
-        self._spec: _Response | None = None  # a speculative answer, until the endpoint adopts or drops it
+        self._task: Response | None = None  # the answer to the user's turn
+        self._spec: Response | None = None  # a speculative answer, until the endpoint adopts or drops it
         self._n_turns = 0
         self.file_offsets: list[float] = []  # filled by drivers that play files
         self.non_speech = 0  # "utterances" whose transcript had no words
@@ -237,7 +196,7 @@ class VoiceLoop:
             case EarlyPause():
                 if self.cfg.speculative and self._trace is not None and self._task is None:
                     if self._spec is not None and self._spec.heard_until > ev.last_voiced_sample:
-                        self._spec.parked = False  # the work under way heard all of it
+                        self._spec.resume()  # the work under way heard all of it
                         return
                     self._drop_spec()
                     self._spec = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=True)
@@ -247,7 +206,7 @@ class VoiceLoop:
                     spec = self._spec
                     if spec is not None and spec.heard_until > ev.last_voiced_sample:
                         spec.last_voiced = ev.last_voiced_sample  # an early pause's work heard all of it: it stands
-                        spec.parked = False
+                        spec.resume()
                     else:
                         self._drop_spec()
                         self._spec = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=True)
@@ -257,7 +216,7 @@ class VoiceLoop:
                         self.vad.set_stop_ms(self.cfg.end_of_turn.waiting_ms if ms is None else ms)
             case EarlyResume():
                 if self._spec is not None:  # maybe the voice, maybe a flicker of the noise: the pause will tell
-                    self._spec.parked = True
+                    self._spec.park()
             case SpeechResumed():
                 self._drop_spec()
             case SpeechStopped():
@@ -286,12 +245,11 @@ class VoiceLoop:
         if not self.cfg.create_response:  # transcribed only: the adapter asks for the answer
             if spec is not None:
                 self._close(spec)
-            self._task = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=False)
-            self._task.transcribe_only = True
-        elif spec is not None and spec.last_voiced == ev.last_voiced_sample and not spec.failed:  # the speculation was right
+            self._task = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=False, kind=Kind.TRANSCRIBE)
+        elif spec is not None and spec.last_voiced == ev.last_voiced_sample and spec.phase is not Phase.FAILED:  # it was right
             self._trace.mitigate("speculative")
             self._task = spec
-            spec.speculative = False
+            spec.adopt()
             self._release(spec)
             if not spec.answered:  # what the endpoint's wait left of the budget
                 ahead = ("asr",) * ("transcript" not in spec.stamps) + ("first_phrase",) * ("first_phrase" not in spec.stamps)
@@ -357,7 +315,7 @@ class VoiceLoop:
         self._trace.mark("endpoint", self.clock.now(), overwrite=True)
         self.turns.fire(TurnEvent.SPEECH_STOPPED)
         end = self.input.end_sample
-        r = _Response(first_voiced=end, last_voiced=end, speculative=False, released=True, continuation=text is None)
+        r = Response(first_voiced=end, last_voiced=end, phase=Phase.ANSWERING, kind=Kind.ANSWER if text is not None else Kind.CONTINUATION)
         r.gen = self._respond(r, None, text=text or "")
         self._task = r
         return True
@@ -382,10 +340,10 @@ class VoiceLoop:
 
     # -- responses ----------------------------------------------------------------------------
 
-    def _start(self, first: int, last: int, speculative: bool) -> _Response:
+    def _start(self, first: int, last: int, speculative: bool, kind: Kind = Kind.ANSWER) -> Response:
         pad = self.cfg.padding_ms * ASR_RATE // 1000
-        r = _Response(first_voiced=first, last_voiced=last, speculative=speculative, released=not speculative,
-                      heard_until=min(self.input.end_sample, last + pad))
+        r = Response(first_voiced=first, last_voiced=last, phase=Phase.SPECULATING if speculative else Phase.ANSWERING, kind=kind,
+                     heard_until=min(self.input.end_sample, last + pad))
         audio = self.input.utterance(first, last, self.cfg.padding_ms)
         missing = last + pad - r.heard_until
         if speculative and missing > 0:
@@ -405,10 +363,8 @@ class VoiceLoop:
             self._spec = None
 
     @staticmethod
-    def _close(r: _Response) -> None:
-        if r.gen is not None:
-            r.gen.close()
-        r.finished = True
+    def _close(r: Response) -> None:
+        r.close()
 
     def has_work(self) -> bool:
         now = self.clock.now()
@@ -439,7 +395,7 @@ class VoiceLoop:
         self._new_trace(end)
         self._trace.mark("endpoint", now, overwrite=True)
         self.turns.fire(TurnEvent.SPEECH_STOPPED)
-        r = _Response(first_voiced=end, last_voiced=end, speculative=False, released=True, continuation=True, fixed=IDLE_PROMPT)
+        r = Response(first_voiced=end, last_voiced=end, phase=Phase.ANSWERING, kind=Kind.PROMPT)
         r.gen = self._respond(r, None, text="")
         self._task = r
 
@@ -457,7 +413,7 @@ class VoiceLoop:
                     with deadline(self._due(r, now)):
                         next(r.gen)
                 except StopIteration:
-                    r.finished = True
+                    r.finish()
                 self._apply_stop()
                 self._housekeeping()
                 return True
@@ -475,10 +431,10 @@ class VoiceLoop:
         self._housekeeping()
         return False
 
-    def _mitigate(self, r: _Response, ahead: tuple[str, ...]) -> list[str]:
+    def _mitigate(self, r: Response, ahead: tuple[str, ...]) -> list[str]:
         """Forecast ``r``'s voice-to-voice with the stages ``ahead`` still to run, and take the steps of
         ``voice.mitigation.ORDER`` it calls for (a step once taken stays); returns the steps taken so far."""
-        if self.cfg.mitigation is None or r.fixed is not None or r.answered:
+        if self.cfg.mitigation is None or r.kind is Kind.PROMPT or r.answered:
             return r.steps
         self.mitigation.cfg = self.cfg.mitigation  # (the settings in force: ``configure`` may have changed them)
         elapsed_ms = (self.clock.now() - self.audio_time(r.last_voiced)) * 1000
@@ -494,14 +450,14 @@ class VoiceLoop:
             r.used.append("short_first_phrase")
         return r.steps
 
-    def _due(self, r: _Response, now: float) -> float:
+    def _due(self, r: Response, now: float) -> float:
         """When ``r``'s next piece of work is due, on ``time.monotonic()`` (the compute shared with other sessions is
         served earliest deadline first, ``decode.batching.deadline``): before its first audio, the budget after the
         user's last voiced sample; once speaking, the moment the audio handed out so far runs out."""
         local = self.playout.cursor if r.answered else self.audio_time(r.last_voiced) + self.cfg.budget_ms / 1000
         return time.monotonic() + (local - now)
 
-    def _respond(self, r: _Response, audio: np.ndarray | None, text: str | None = None):
+    def _respond(self, r: Response, audio: np.ndarray | None, text: str | None = None):
         clock = self.clock
         if text is None:
             r.stamp("asr_start", clock.now())
@@ -511,19 +467,18 @@ class VoiceLoop:
             with clock.working():  # (``short`` only when asked for: a transcriber without it still works)
                 tr = self.e.transcriber.transcribe(audio, speculative=r.speculative, **({"short": True} if short else {}))
             if tr.retry:  # degenerate at a pause: no answer from it; the endpoint transcribes afresh
-                r.failed = True
+                r.advance(Phase.FAILED)
                 return
             r.transcript = tr.text.strip()
         else:
             r.transcript = text.strip()
-        r.transcribed = True
         r.stamp("transcript", clock.now())
         if r.speculative and self.on_partial and r.transcript:
             self.on_partial(r.transcript)
         if r.released:
             self._confirmed(r)
         yield
-        if not (_has_words(r.transcript) or r.continuation) or r.transcribe_only:
+        if not (_has_words(r.transcript) or not r.user_turn) or r.kind is Kind.TRANSCRIBE:
             return
         if r.speculative and self._semantic():
             self._judge_turn_end(r)
@@ -535,7 +490,10 @@ class VoiceLoop:
         start = clock.now()
         stream = None
         try:
-            stream = (p for p in (r.fixed,)) if r.fixed else llm.reply(None if r.continuation else r.transcript)
+            if r.kind is Kind.PROMPT:
+                stream = (p for p in (IDLE_PROMPT,))
+            else:
+                stream = llm.reply(r.transcript if r.user_turn else None)
             while sentences < self.cfg.max_sentences:
                 if self.cfg.pace and llm.sim_elapsed_s() is not None:  # on a simulated deployment
                     piece = next(stream, None)  # off the clock: the deployment's time is what it costs
@@ -570,12 +528,12 @@ class VoiceLoop:
             if stream is not None:
                 stream.close()
 
-    def _flush_calls(self, r: _Response) -> None:
+    def _flush_calls(self, r: Response) -> None:
         for piece in r.calls:
             self._emit(FunctionCallDelta(piece))
         r.calls.clear()
 
-    def _speak(self, r: _Response, text: str):
+    def _speak(self, r: Response, text: str):
         clock = self.clock
         index = len(r.phrases)
         r.phrases.append(text)
@@ -601,7 +559,7 @@ class VoiceLoop:
         """Turns end by the end-of-turn policy (else by the endpointer's plain silence)."""
         return self.cfg.speculative and self.cfg.end_of_turn is not None and self.e.turn_end is not None
 
-    def _judge_turn_end(self, r: _Response) -> None:
+    def _judge_turn_end(self, r: Response) -> None:
         """Score the speculative transcript (P(the turn is over)) and pick the silence that closes the turn; the
         endpointer gets it after this piece of work (``_apply_stop``)."""
         with self.clock.working():
@@ -625,30 +583,30 @@ class VoiceLoop:
             self.vad.set_stop_ms(ms)
             self._vad_events()
 
-    def _sim_stamp(self, r: _Response, name: str) -> None:
+    def _sim_stamp(self, r: Response, name: str) -> None:
         if name not in r.sim:
             t = self.e.llm.sim_elapsed_s()
             if t is not None:
                 r.sim[name] = t
 
-    def _confirmed(self, r: _Response) -> None:
+    def _confirmed(self, r: Response) -> None:
         """``r`` is the answer and its transcript is known: tell the adapter."""
-        if not r.continuation:
+        if r.user_turn:
             self._emit(TranscriptFinal(text=r.transcript))
-        if (_has_words(r.transcript) or r.continuation) and not r.transcribe_only:
+        if (_has_words(r.transcript) or not r.user_turn) and r.kind is not Kind.TRANSCRIBE:
             self._emit(ResponseStarted())
 
-    def _release(self, r: _Response) -> None:
+    def _release(self, r: Response) -> None:
         """The endpoint confirmed ``r``: its held audio may play now."""
-        r.released = True
-        if r.transcribed:
+        if r.transcript is not None:
             self._confirmed(r)
         for index, pcm in r.held:
             self._play(r, index, pcm)
         r.held.clear()
         self._flush_calls(r)
 
-    def _play(self, r: _Response, index: int, pcm: np.ndarray) -> None:
+    def _play(self, r: Response, index: int, pcm: np.ndarray) -> None:
+        first = not r.answered
         announced = []
         while r.announced <= index:
             announced.append((r.announced, r.phrases[r.announced]))
@@ -658,8 +616,7 @@ class VoiceLoop:
         for i, text in announced:
             self._emit(PhraseStarted(index=i, text=text, start_s=t))
         self.sink.play(t, pcm)
-        if not r.answered:
-            r.answered = True
+        if first:
             self._trace.mark("answer_audio", t)
             self._trace.mark("first_audio", t)
             self.turns.fire(TurnEvent.ANSWER_AUDIO)
@@ -685,12 +642,13 @@ class VoiceLoop:
                 self.turns.fire(TurnEvent.ANSWER_DONE)
             self._finish_turn(r, spoken=" ".join(r.phrases), cut_at=None)
 
-    def _finish_turn(self, r: _Response, spoken: str, cut_at: float | None, reason: str | None = None) -> None:
+    def _finish_turn(self, r: Response, spoken: str, cut_at: float | None, reason: str | None = None) -> None:
         self._idle_from = max(self.clock.now(), self.playout.cursor)
+        transcript = r.transcript or ""  # (none: stopped before its transcription)
         tr = self._trace
         for k, v in r.stamps.items():
             tr.mark(k, v)
-        tr.transcript = r.transcript
+        tr.transcript = transcript
         tr.reply = spoken
         tr.end_of_turn = self._end_of_turn_info(r, tr)
         tr.forecast_ms = r.forecast_ms
@@ -701,14 +659,14 @@ class VoiceLoop:
         self.playout.next_answer()
         self._task = None
         self._trace = None
-        if r.transcribe_only and _has_words(r.transcript):  # the answer comes when asked for (``respond_text``)
-            self._emit(TurnEnded(transcript=r.transcript, spoken="", reason="transcribed", report=None))
+        if r.kind is Kind.TRANSCRIBE and _has_words(transcript):  # the answer comes when asked for (``respond_text``)
+            self._emit(TurnEnded(transcript=transcript, spoken="", reason="transcribed", report=None))
             return
-        if not (_has_words(r.transcript) or r.continuation):  # a noise, a breath, a click: not a user turn
+        if not (_has_words(transcript) or not r.user_turn):  # a noise, a breath, a click: not a user turn
             self.non_speech += 1
-            self._emit(TurnEnded(transcript=r.transcript, spoken="", reason=reason, report=None))
+            self._emit(TurnEnded(transcript=transcript, spoken="", reason=reason, report=None))
             return
-        self.e.llm.commit(None if r.continuation else r.transcript, spoken)
+        self.e.llm.commit(transcript if r.user_turn else None, spoken)
         if r.error is not None and reason is None:
             reason = "failed"
         self._prepare = True
@@ -717,12 +675,12 @@ class VoiceLoop:
         if "last_voiced" in tr.stamps:  # typed turns have no voice-to-voice: kept out of the voice figures
             self.reports.append(report)
             self.mitigation.observe(report)
-        self._emit(TurnEnded(transcript=r.transcript, spoken=spoken, reason=reason, report=report, error=r.error,
+        self._emit(TurnEnded(transcript=transcript, spoken=spoken, reason=reason, report=report, error=r.error,
                              called=r.called))
         if self.on_report:
             self.on_report(report)
 
-    def _end_of_turn_info(self, r: _Response, tr: TurnTrace) -> dict | None:
+    def _end_of_turn_info(self, r: Response, tr: TurnTrace) -> dict | None:
         """What ended the user's turn: the end-of-turn score and rule when one decided it, else the plain silence."""
         if "last_voiced" not in tr.stamps or "endpoint" not in tr.stamps:  # a typed turn
             return None
