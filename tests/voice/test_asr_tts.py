@@ -175,10 +175,28 @@ def test_espeak_text_starting_with_a_dash_is_spoken(espeak):
     assert sum(len(c) for c in espeak.synthesize("-5 degrees")) > espeak.sample_rate // 4
 
 
-def test_espeak_stream_closed_early_stops_the_process(espeak):
+def test_espeak_stream_closed_early_stops_the_process(espeak, monkeypatch):
+    """A consumer that stops after the first chunk (barge-in): closing the stream kills espeak-ng, which is still
+    writing (four seconds of audio do not fit in the pipe), reaps it and closes its pipes: no process left behind."""
+    import subprocess
+
+    started = []
+
+    class Spy(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", Spy)
     stream = espeak.synthesize("A long sentence that the listener interrupts after the first chunk.")
     next(stream)
-    stream.close()  # must not hang or leave a running process behind
+    assert len(started) == 1 and started[0].poll() is None  # still speaking when the consumer stops
+    stream.close()
+    proc = started[0]
+    assert proc.returncode == -9  # killed (SIGKILL) and reaped: no zombie, no orphan
+    assert proc.stdout.closed and proc.stderr.closed
+    with pytest.raises(StopIteration):
+        next(stream)
 
 
 @pytest.mark.parametrize("text", ["", "   ", "\n\t"])
