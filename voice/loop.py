@@ -6,8 +6,10 @@ input keeps being read between pieces and a barge-in is seen within one piece.  
 ``run_until`` (one driver for a file, the mic demo and the server) against a ``RealClock`` or a ``VirtualClock``.
 
 The loop is the turn policy; what it keeps is delegated: the input audio and its clock times to an ``InputBuffer``, the
-play cursor and the words heard to a ``Playout``, the turn state to a ``TurnMachine``, the timestamps to a ``TurnTrace``.
-Its adapter follows a turn through ``on_event`` (``voice.loop_events``).
+play cursor and the words heard to a ``Playout``, the turn state to a ``TurnMachine``, the timestamps to a ``TurnTrace``,
+each answer's phase to its ``Response`` (``voice.response``).  Its parts: the work ahead of the endpoint and the
+end-of-turn policy (``voice.speculation``), a response's work and output (``voice.reply``), the drivers
+(``voice.drivers``).  Its adapter follows a turn through ``on_event`` (``voice.loop_events``).
 
 When the decode core runs on a simulated deployment, each turn also carries the LLM's simulated times (to its first
 token and its first phrase) and, through ``Engines.project``, the ``simulated`` block of its report.  With
@@ -23,9 +25,8 @@ answer).
 
 from __future__ import annotations
 
-import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -33,36 +34,25 @@ import numpy as np
 from decode.batching import deadline
 
 from .audio import AudioChunk
-from .errors import LLMBackendError
+from .drivers import run_stream, run_until
 from .input_buffer import InputBuffer
 from .latency import TurnReport, TurnTrace
 from .loop_config import LoopConfig
-from .loop_events import (
-    BargeIn,
-    FunctionCallDelta,
-    IdleTimeout,
-    LoopEvent,
-    PhraseStarted,
-    ResponseStarted,
-    TranscriptFinal,
-    TurnEnded,
-    UserSpeechStarted,
-    UserSpeechStopped,
-)
+from .loop_events import BargeIn, IdleTimeout, LoopEvent, TurnEnded, UserSpeechStarted, UserSpeechStopped
 from .mitigation import ORDER as MITIGATION_ORDER
 from .mitigation import Mitigation
-from .phrases import PhraseChunker, PhraseConfig
 from .playout import Playout
-from .protocols import ASR_RATE, Clock, Conversation, FunctionCallPiece, Sink, Synthesizer, Transcriber
-from .response import Kind, Phase, Response
-from .turn_end import TurnEndScorer, scoring_context
+from .protocols import ASR_RATE, Clock, Conversation, Sink, Synthesizer, Transcriber
+from .reply import IDLE_PROMPT, ReplyPump
+from .response import Kind, Response, has_words
+from .speculation import Speculation
+from .turn_end import TurnEndScorer
 from .turns import TurnEvent, TurnMachine, TurnState
 from .vad import EarlyPause, EarlyResume, Endpointer, EndpointerConfig, Pause, SpeechResumed, SpeechStarted, SpeechStopped, VadEvent
 from .vad import State as VadState
 
-_SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
-#: What the loop says when the user has been silent for the idle timeout (a set phrase: no LLM call, no prompt to fit)
-IDLE_PROMPT = "Are you still there?"
+__all__ = ["IDLE_PROMPT", "PREPARE_SLACK_S", "Engines", "LoopConfig", "VoiceLoop", "run_stream", "run_until"]
+
 #: the idle prefill of the next turn is due this long after it starts (s): behind every turn in its budget
 PREPARE_SLACK_S = 1.0
 _SAMPLE_FIELDS = ("sample", "first_voiced_sample", "last_voiced_sample", "start_pad", "end_pad")  # of the VAD events
@@ -82,7 +72,7 @@ class Engines:
     turn_end: TurnEndScorer | None = None
 
 
-class VoiceLoop:
+class VoiceLoop(Speculation, ReplyPump):
     def __init__(self, engines: Engines, sink: Sink, clock: Clock, config: LoopConfig | None = None,
                  on_report: Callable[[TurnReport], None] | None = None,
                  on_partial: Callable[[str], None] | None = None,
@@ -194,26 +184,9 @@ class VoiceLoop:
             case SpeechStarted():
                 self._speech_started(ev, now, bool(busy))
             case EarlyPause():
-                if self.cfg.speculative and self._trace is not None and self._task is None:
-                    if self._spec is not None and self._spec.heard_until > ev.last_voiced_sample:
-                        self._spec.resume()  # the work under way heard all of it
-                        return
-                    self._drop_spec()
-                    self._spec = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=True)
-                    self._spec.stamp("pause", now)
+                self._early_pause(ev, now)
             case Pause():
-                if self.cfg.speculative and self._trace is not None and self._task is None:
-                    spec = self._spec
-                    if spec is not None and spec.heard_until > ev.last_voiced_sample:
-                        spec.last_voiced = ev.last_voiced_sample  # an early pause's work heard all of it: it stands
-                        spec.resume()
-                    else:
-                        self._drop_spec()
-                        self._spec = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=True)
-                    self._spec.stamp("pause", now)
-                    if self._semantic():  # until the score is in, wait as for an unsure turn (a slow ASR cuts no one off)
-                        ms, self._stop_ms = self._stop_ms, None  # ... unless it is in (work started at an early pause)
-                        self.vad.set_stop_ms(self.cfg.end_of_turn.waiting_ms if ms is None else ms)
+                self._pause(ev, now)
             case EarlyResume():
                 if self._spec is not None:  # maybe the voice, maybe a flicker of the noise: the pause will tell
                     self._spec.park()
@@ -241,23 +214,7 @@ class VoiceLoop:
         self._emit(UserSpeechStopped(first_voiced_sample=ev.first_voiced_sample, last_voiced_sample=ev.last_voiced_sample,
                                      endpoint_sample=ev.sample))
         self.input.mark_committed()
-        spec, self._spec = self._spec, None
-        if not self.cfg.create_response:  # transcribed only: the adapter asks for the answer
-            if spec is not None:
-                self._close(spec)
-            self._task = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=False, kind=Kind.TRANSCRIBE)
-        elif spec is not None and spec.last_voiced == ev.last_voiced_sample and spec.phase is not Phase.FAILED:  # it was right
-            self._trace.mitigate("speculative")
-            self._task = spec
-            spec.adopt()
-            self._release(spec)
-            if not spec.answered:  # what the endpoint's wait left of the budget
-                ahead = ("asr",) * ("transcript" not in spec.stamps) + ("first_phrase",) * ("first_phrase" not in spec.stamps)
-                self._mitigate(spec, ahead + ("tts",))
-        else:
-            if spec is not None:
-                self._close(spec)
-            self._task = self._start(ev.first_voiced_sample, ev.last_voiced_sample, speculative=False)
+        self._answer_turn(ev)
 
     # -- control (the server's client events) --------------------------------------------------
 
@@ -314,10 +271,7 @@ class VoiceLoop:
         self._new_trace(self.input.end_sample)  # a typed turn: no audio of its own
         self._trace.mark("endpoint", self.clock.now(), overwrite=True)
         self.turns.fire(TurnEvent.SPEECH_STOPPED)
-        end = self.input.end_sample
-        r = Response(first_voiced=end, last_voiced=end, phase=Phase.ANSWERING, kind=Kind.ANSWER if text is not None else Kind.CONTINUATION)
-        r.gen = self._respond(r, None, text=text or "")
-        self._task = r
+        self._task = self._start_text(Kind.ANSWER if text is not None else Kind.CONTINUATION, text or "")
         return True
 
     def cancel(self, reason: str = "client_cancelled") -> bool:
@@ -338,33 +292,7 @@ class VoiceLoop:
         self._n_turns += 1
         self._trace = TurnTrace(turn=self._n_turns, budget_ms=self.cfg.budget_ms)
 
-    # -- responses ----------------------------------------------------------------------------
-
-    def _start(self, first: int, last: int, speculative: bool, kind: Kind = Kind.ANSWER) -> Response:
-        pad = self.cfg.padding_ms * ASR_RATE // 1000
-        r = Response(first_voiced=first, last_voiced=last, phase=Phase.SPECULATING if speculative else Phase.ANSWERING, kind=kind,
-                     heard_until=min(self.input.end_sample, last + pad))
-        audio = self.input.utterance(first, last, self.cfg.padding_ms)
-        missing = last + pad - r.heard_until
-        if speculative and missing > 0:
-            # at a pause the rest of the padding is not heard yet: the background heard since the last voiced sample,
-            # repeated, so that Whisper hears the same kind of ending at an early pause as at a later one (audio cut
-            # right after the voice, or digital silence after room noise, changes its punctuation)
-            quiet = audio[len(audio) - max(0, r.heard_until - last - 1):]
-            fill = np.resize(quiet, missing) if len(quiet) else np.zeros(missing, dtype=audio.dtype)
-            audio = np.concatenate([audio, fill.astype(audio.dtype)])
-        r.gen = self._respond(r, audio)
-        return r
-
-    def _drop_spec(self) -> None:
-        self._stop_ms = None
-        if self._spec is not None:
-            self._close(self._spec)
-            self._spec = None
-
-    @staticmethod
-    def _close(r: Response) -> None:
-        r.close()
+    # -- work ---------------------------------------------------------------------------------
 
     def has_work(self) -> bool:
         now = self.clock.now()
@@ -395,9 +323,7 @@ class VoiceLoop:
         self._new_trace(end)
         self._trace.mark("endpoint", now, overwrite=True)
         self.turns.fire(TurnEvent.SPEECH_STOPPED)
-        r = Response(first_voiced=end, last_voiced=end, phase=Phase.ANSWERING, kind=Kind.PROMPT)
-        r.gen = self._respond(r, None, text="")
-        self._task = r
+        self._task = self._start_text(Kind.PROMPT, "")
 
     def _prepare_due(self) -> bool:
         return self._prepare and self.turns.state is TurnState.LISTENING and self.vad.state is VadState.SILENCE
@@ -430,196 +356,6 @@ class VoiceLoop:
             return True
         self._housekeeping()
         return False
-
-    def _mitigate(self, r: Response, ahead: tuple[str, ...]) -> list[str]:
-        """Forecast ``r``'s voice-to-voice with the stages ``ahead`` still to run, and take the steps of
-        ``voice.mitigation.ORDER`` it calls for (a step once taken stays); returns the steps taken so far."""
-        if self.cfg.mitigation is None or r.kind is Kind.PROMPT or r.answered:
-            return r.steps
-        self.mitigation.cfg = self.cfg.mitigation  # (the settings in force: ``configure`` may have changed them)
-        elapsed_ms = (self.clock.now() - self.audio_time(r.last_voiced)) * 1000
-        r.forecast_ms = self.mitigation.forecast_ms(elapsed_ms, ahead)
-        ack = self.e.ack_pcm
-        ack_end_ms = None if ack is None else self.cfg.ack_after_ms + len(ack) * 1000 / self.e.tts.sample_rate
-        for step in self.mitigation.plan(r.forecast_ms, self.cfg.budget_ms, ack_end_ms):
-            if step not in r.steps:
-                r.steps.append(step)
-        c = r.chunker
-        if "short_first_phrase" in r.steps and c is not None and "short_first_phrase" not in r.used and c.at_start():
-            c.config = PhraseConfig(min_first_words=1, max_first_words=1, max_words=c.config.max_words)
-            r.used.append("short_first_phrase")
-        return r.steps
-
-    def _due(self, r: Response, now: float) -> float:
-        """When ``r``'s next piece of work is due, on ``time.monotonic()`` (the compute shared with other sessions is
-        served earliest deadline first, ``decode.batching.deadline``): before its first audio, the budget after the
-        user's last voiced sample; once speaking, the moment the audio handed out so far runs out."""
-        local = self.playout.cursor if r.answered else self.audio_time(r.last_voiced) + self.cfg.budget_ms / 1000
-        return time.monotonic() + (local - now)
-
-    def _respond(self, r: Response, audio: np.ndarray | None, text: str | None = None):
-        clock = self.clock
-        if text is None:
-            r.stamp("asr_start", clock.now())
-            short = "short_asr_window" in self._mitigate(r, ("asr", "first_phrase", "tts"))
-            if short:
-                r.used.append("short_asr_window")
-            with clock.working():  # (``short`` only when asked for: a transcriber without it still works)
-                tr = self.e.transcriber.transcribe(audio, speculative=r.speculative, **({"short": True} if short else {}))
-            if tr.retry:  # degenerate at a pause: no answer from it; the endpoint transcribes afresh
-                r.advance(Phase.FAILED)
-                return
-            r.transcript = tr.text.strip()
-        else:
-            r.transcript = text.strip()
-        r.stamp("transcript", clock.now())
-        if r.speculative and self.on_partial and r.transcript:
-            self.on_partial(r.transcript)
-        if r.released:
-            self._confirmed(r)
-        yield
-        if not (_has_words(r.transcript) or not r.user_turn) or r.kind is Kind.TRANSCRIBE:
-            return
-        if r.speculative and self._semantic():
-            self._judge_turn_end(r)
-            yield
-        chunker = r.chunker = PhraseChunker()
-        self._mitigate(r, ("first_phrase", "tts"))
-        llm = self.e.llm
-        sentences = 0
-        start = clock.now()
-        stream = None
-        try:
-            if r.kind is Kind.PROMPT:
-                stream = (p for p in (IDLE_PROMPT,))
-            else:
-                stream = llm.reply(r.transcript if r.user_turn else None)
-            while sentences < self.cfg.max_sentences:
-                if self.cfg.pace and llm.sim_elapsed_s() is not None:  # on a simulated deployment
-                    piece = next(stream, None)  # off the clock: the deployment's time is what it costs
-                    r.due_s = start + llm.sim_elapsed_s()  # (now including the piece's own passes)
-                    while clock.now() < r.due_s:
-                        yield  # step() passes this answer by until its simulated time has come
-                    r.due_s = None
-                else:
-                    with clock.working():
-                        piece = next(stream, None)
-                if piece is None:
-                    break
-                if isinstance(piece, FunctionCallPiece):  # a tool call (a backend's): to the adapter, not to the voice
-                    r.called = True
-                    r.calls.append(piece)
-                    if r.released:
-                        self._flush_calls(r)
-                    continue
-                r.stamp("first_token", clock.now())
-                self._sim_stamp(r, "first_token")
-                chunker.feed(piece)
-                for ph in chunker.drain():
-                    yield from self._speak(r, ph.text)
-                    sentences += bool(_SENTENCE_END.search(ph.text))
-                yield
-            if sentences < self.cfg.max_sentences:
-                for ph in chunker.flush():
-                    yield from self._speak(r, ph.text)
-        except LLMBackendError as e:  # the backend is gone or failed: the turn ends with what was said
-            r.error = str(e)
-        finally:
-            if stream is not None:
-                stream.close()
-
-    def _flush_calls(self, r: Response) -> None:
-        for piece in r.calls:
-            self._emit(FunctionCallDelta(piece))
-        r.calls.clear()
-
-    def _speak(self, r: Response, text: str):
-        clock = self.clock
-        index = len(r.phrases)
-        r.phrases.append(text)
-        r.stamp("first_phrase", clock.now())
-        self._sim_stamp(r, "first_phrase")
-        synth = self.e.tts.synthesize(text)
-        try:
-            while True:
-                with clock.working():
-                    pcm = next(synth, None)
-                if pcm is None:
-                    break
-                r.stamp("tts_first_audio", clock.now())
-                if r.released:
-                    self._play(r, index, pcm)
-                else:
-                    r.held.append((index, pcm))
-                yield
-        finally:
-            synth.close()
-
-    def _semantic(self) -> bool:
-        """Turns end by the end-of-turn policy (else by the endpointer's plain silence)."""
-        return self.cfg.speculative and self.cfg.end_of_turn is not None and self.e.turn_end is not None
-
-    def _judge_turn_end(self, r: Response) -> None:
-        """Score the speculative transcript (P(the turn is over)) and pick the silence that closes the turn; the
-        endpointer gets it after this piece of work (``_apply_stop``)."""
-        with self.clock.working():
-            score = self.e.turn_end.score(scoring_context(self.e.llm), r.transcript)
-        r.stamp("turn_end_score", self.clock.now())
-        decision = self.cfg.end_of_turn.decide(score, r.transcript)
-        r.end_of_turn = {"p_end": round(score.p_end, 4), "p_token": round(score.p_token, 5), "source": score.source,
-                         "rule": decision.rule, "stop_ms": decision.stop_ms, "eagerness": self.cfg.end_of_turn.eagerness}
-        if r is self._spec:
-            self._stop_ms = decision.stop_ms
-
-    def _apply_stop(self) -> None:
-        """Hand a pending end-of-turn decision to the endpointer, which may stop the turn at once (outside any
-        response's generator: the stop adopts or drops the speculative answer)."""
-        if self._stop_ms is None:
-            return
-        if self._spec is not None and self.vad.state is VadState.SPEECH:
-            return  # decided at an early pause: it waits for the endpointer's own pause
-        ms, self._stop_ms = self._stop_ms, None
-        if self._spec is not None and self.vad.state is VadState.PAUSED:
-            self.vad.set_stop_ms(ms)
-            self._vad_events()
-
-    def _sim_stamp(self, r: Response, name: str) -> None:
-        if name not in r.sim:
-            t = self.e.llm.sim_elapsed_s()
-            if t is not None:
-                r.sim[name] = t
-
-    def _confirmed(self, r: Response) -> None:
-        """``r`` is the answer and its transcript is known: tell the adapter."""
-        if r.user_turn:
-            self._emit(TranscriptFinal(text=r.transcript))
-        if (_has_words(r.transcript) or not r.user_turn) and r.kind is not Kind.TRANSCRIBE:
-            self._emit(ResponseStarted())
-
-    def _release(self, r: Response) -> None:
-        """The endpoint confirmed ``r``: its held audio may play now."""
-        if r.transcript is not None:
-            self._confirmed(r)
-        for index, pcm in r.held:
-            self._play(r, index, pcm)
-        r.held.clear()
-        self._flush_calls(r)
-
-    def _play(self, r: Response, index: int, pcm: np.ndarray) -> None:
-        first = not r.answered
-        announced = []
-        while r.announced <= index:
-            announced.append((r.announced, r.phrases[r.announced]))
-            self.playout.begin_phrase(r.phrases[r.announced])
-            r.announced += 1
-        t = self.playout.play(self.clock.now(), len(pcm) / self.e.tts.sample_rate)
-        for i, text in announced:
-            self._emit(PhraseStarted(index=i, text=text, start_s=t))
-        self.sink.play(t, pcm)
-        if first:
-            self._trace.mark("answer_audio", t)
-            self._trace.mark("first_audio", t)
-            self.turns.fire(TurnEvent.ANSWER_AUDIO)
 
     # -- turn end, barge-in, acknowledgement ---------------------------------------------------
 
@@ -659,10 +395,10 @@ class VoiceLoop:
         self.playout.next_answer()
         self._task = None
         self._trace = None
-        if r.kind is Kind.TRANSCRIBE and _has_words(transcript):  # the answer comes when asked for (``respond_text``)
+        if r.kind is Kind.TRANSCRIBE and has_words(transcript):  # the answer comes when asked for (``respond_text``)
             self._emit(TurnEnded(transcript=transcript, spoken="", reason="transcribed", report=None))
             return
-        if not (_has_words(transcript) or not r.user_turn):  # a noise, a breath, a click: not a user turn
+        if not (has_words(transcript) or not r.user_turn):  # a noise, a breath, a click: not a user turn
             self.non_speech += 1
             self._emit(TurnEnded(transcript=transcript, spoken="", reason=reason, report=None))
             return
@@ -680,19 +416,6 @@ class VoiceLoop:
         if self.on_report:
             self.on_report(report)
 
-    def _end_of_turn_info(self, r: Response, tr: TurnTrace) -> dict | None:
-        """What ended the user's turn: the end-of-turn score and rule when one decided it, else the plain silence."""
-        if "last_voiced" not in tr.stamps or "endpoint" not in tr.stamps:  # a typed turn
-            return None
-        if r.end_of_turn is not None:
-            info = dict(r.end_of_turn)
-        elif self._semantic():  # no score in time (or no words to score): the policy's wait
-            info = {"rule": "unscored", "stop_ms": self.cfg.end_of_turn.waiting_ms}
-        else:
-            info = {"rule": "silence", "stop_ms": self.cfg.endpointer.stop_ms}
-        info["silence_ms"] = round((tr.stamps["endpoint"] - tr.stamps["last_voiced"]) * 1000, 1)
-        return info
-
     def _barge_in(self, ev: SpeechStarted, now: float) -> None:
         """The user speaks over the answer: stop the audio, keep what was heard."""
         self.barge_ins.append(BargeIn(speech_s=self.audio_time(ev.first_voiced_sample), detected_s=self.audio_time(ev.sample),
@@ -705,7 +428,7 @@ class VoiceLoop:
         self.playout.stop(now)
         heard = self.playout.heard(now)
         if r is not None:
-            self._close(r)
+            r.close()
         self._drop_spec()
         if self._trace is not None and r is not None:
             self._trace.barge_in = reason == "turn_detected"
@@ -722,7 +445,7 @@ class VoiceLoop:
         collector) and the owner can release the engines."""
         for r in (self._task, self._spec):
             if r is not None:
-                self._close(r)
+                r.close()
         self._task = self._spec = None
         self._trace = None
         self.sink = _NO_SINK
@@ -757,52 +480,3 @@ class _NoSink:
 
 _NO_SINK = _NoSink()
 
-
-# -- drivers -----------------------------------------------------------------------------------
-
-
-def run_until(loop: VoiceLoop, t: float, poll: Callable[[float], object] | None = None) -> None:
-    """Work on ``loop``, one piece at a time, until its clock reaches ``t`` or it has no work left; then let the clock
-    reach ``t``.
-
-    Without ``poll`` (input that is due at known times: a file, silence) the clock is advanced to ``t`` (a virtual clock
-    jumps, the real one sleeps), and the caller then feeds the input due at ``t``.
-
-    A live driver (a microphone, a websocket) passes ``poll(timeout_s)``, which feeds the loop whatever input arrives
-    within ``timeout_s`` and returns as soon as some did: it is called with 0 after each piece of work (input, and so a
-    barge-in, is seen within one piece), then with the time left until ``t`` (the idle wait, which input cuts short;
-    the clock is the caller's real one and is not advanced), and then ``loop.step()`` lets the loop see the time that
-    passed (an acknowledgement due, an answer that finished playing) or start on the new input."""
-    clock = loop.clock
-    while clock.now() < t:
-        if loop.has_work():
-            loop.step()
-            if poll is not None:
-                poll(0.0)
-            continue
-        wake = loop.wake_at()  # a paced answer waiting for its simulated time
-        if wake is None or wake >= t:
-            break
-        if poll is None:
-            clock.advance_to(wake)
-        else:
-            poll(max(0.0, wake - clock.now()))
-    if poll is None:
-        clock.advance_to(t)
-    else:
-        poll(max(0.0, t - clock.now()))
-        loop.step()
-
-
-def run_stream(loop: VoiceLoop, chunks: Iterable[AudioChunk], drain: bool = True) -> None:
-    """Drive ``loop`` with input chunks arriving at their audio time on ``loop.clock``:
-    work fills the time between chunks; a chunk that arrives during work waits for it."""
-    for chunk in chunks:
-        run_until(loop, loop.input_time + len(chunk.pcm) / chunk.rate)
-        loop.feed(chunk)
-    if drain:
-        loop.drain()
-
-
-def _has_words(text: str) -> bool:
-    return bool(re.search(r"\w", text or ""))

@@ -16,7 +16,7 @@ A response started at a pause is speculative: its output is held back until the 
 - ``CLOSED``: dropped or stopped (the user went on, a barge-in, a cancel, the loop closed); nothing more runs.
 
 The endpoint adopts a speculative response (``adopt``): ``SPECULATING`` or ``PARKED`` -> ``ANSWERING``, ``HELD`` ->
-``DONE``.  ``finish`` ends the work (its generator ran out), ``close`` stops it from any phase but ``CLOSED``.
+``DONE``.  ``finish`` ends the work (its generator ran out), ``close`` stops it from any phase (a second ``close`` does nothing).
 
 What a response says about the turn rather than where it stands is data: its transcript (None until known), the
 phrases announced to the adapter (none: nothing of it was heard yet), its tool calls, its error.
@@ -24,6 +24,7 @@ phrases announced to the adapter (none: nothing of it was heard yet), its tool c
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
@@ -124,7 +125,9 @@ class Response:
             self.advance(Phase.HELD if self.phase is Phase.SPECULATING else Phase.DONE)
 
     def close(self) -> None:
-        """Stop its work for good."""
+        """Stop its work for good (once: a closed response stays closed)."""
+        if self.phase is Phase.CLOSED:
+            return
         if self.gen is not None:
             self.gen.close()
         self.advance(Phase.CLOSED)
@@ -160,3 +163,8 @@ class Response:
     def ready(self, now: float) -> bool:
         """Work left that may be done now."""
         return (self.phase is Phase.SPECULATING or self.phase is Phase.ANSWERING) and (self.due_s is None or now >= self.due_s)
+
+
+def has_words(text: str | None) -> bool:
+    """The text says something (a noise, a breath, a click transcribes to none)."""
+    return bool(re.search(r"\w", text or ""))

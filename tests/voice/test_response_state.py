@@ -110,8 +110,10 @@ def test_finish_and_close():
     next(r.gen)
     r.close()
     assert r.phase is Phase.CLOSED and closed == [True]
+    r.close()  # stopped once: nothing more
+    assert r.phase is Phase.CLOSED and closed == [True]
     with pytest.raises(IllegalTransition):
-        r.close()  # stopped once
+        r.advance(Phase.CLOSED)
 
 
 def test_kinds_and_what_they_answer():
