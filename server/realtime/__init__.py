@@ -4,9 +4,14 @@
   ``SERVER_EVENTS`` table and the one ``ServerEvent`` class);
 - ``config``: the negotiated ``SessionConfig`` / ``TurnDetection`` and their validation from ``session.update``;
 - ``codec``: ``ProtocolSession`` (client JSON -> events, server events built and encoded, ids from an
-  ``IdSource``) and the PCM16 base64 helpers.
+  ``IdSource``) and the PCM16 base64 helpers;
+- ``machine``: ``RealtimeConversation``, the conversation and response lifecycle as a state machine (typed client
+  events and the voice loop's events in, server events out), with ``Voice``, what it asks of the loop;
+- ``loop_voice``: ``LoopVoice``, that ``Voice`` on a running ``VoiceLoop`` and the server's engines (the one module
+  here that runs engines; ``server.session`` wires the three together on its thread).
 
 Users import the package: ``from server import realtime as P``, then ``P.ProtocolSession``, ``P.ItemCreate``...
+(``machine`` and ``loop_voice`` by their module names: they import the voice package, the rest does not need it).
 """
 
 from .codec import DEFAULT_MAX_MESSAGE_BYTES, PCM_DTYPE, IdSource, ProtocolSession, decode_pcm, encode_pcm

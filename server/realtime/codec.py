@@ -28,26 +28,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from . import events as E
 from .config import FieldError, SessionConfig, apply_session_update, nonneg, read, tool_choice
-from .events import (
-    SERVER_EVENTS,
-    ClientEvent,
-    FunctionOutputCreate,
-    InputAudioAppend,
-    InputAudioClear,
-    InputAudioCommit,
-    ItemCreate,
-    ItemDelete,
-    ItemRetrieve,
-    ItemTruncate,
-    OutputAudioPlayed,
-    ProtocolError,
-    ResponseCancel,
-    ResponseCreate,
-    ServerEvent,
-    SessionLatencyRequest,
-    SessionUpdate,
-)
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20  # 1 MiB of JSON text: ~16 s of 24 kHz PCM16 in one append
 PCM_DTYPE = np.dtype("<i2")  # PCM16 little-endian, as the Realtime API sends it
@@ -122,14 +104,14 @@ def invalid_unicode(value, path: str = "") -> str | None:
 # --------------------------------------------------------------------------- client message bodies
 
 
-def _text_item(msg: dict, ids: Callable[[str], str], event_id: str | None) -> ItemCreate | FunctionOutputCreate:
+def _text_item(msg: dict, ids: Callable[[str], str], event_id: str | None) -> E.ItemCreate | E.FunctionOutputCreate:
     item = read(msg, "item", dict, "", required=True)
     kind = read(item, "type", str, "item")
     if kind == "function_call_output":
-        return FunctionOutputCreate(event_id=event_id, item_id=read(item, "id", str, "item") or ids("item"),
-                                    call_id=read(item, "call_id", str, "item", required=True),
-                                    output=read(item, "output", str, "item", required=True),
-                                    previous_item_id=read(msg, "previous_item_id", str, ""))
+        return E.FunctionOutputCreate(event_id=event_id, item_id=read(item, "id", str, "item") or ids("item"),
+                                      call_id=read(item, "call_id", str, "item", required=True),
+                                      output=read(item, "output", str, "item", required=True),
+                                      previous_item_id=read(msg, "previous_item_id", str, ""))
     if kind not in (None, "message"):
         raise FieldError("unsupported_item", f"item type '{item['type']}' is not supported (only 'message' and "
                          "'function_call_output')", "item.type")
@@ -148,8 +130,8 @@ def _text_item(msg: dict, ids: Callable[[str], str], event_id: str | None) -> It
         texts.append(read(part, "text", str, where, required=True))
     if not texts:
         raise FieldError("invalid_value", "field 'item.content' must hold at least one input_text part", "item.content")
-    return ItemCreate(event_id=event_id, item_id=read(item, "id", str, "item") or ids("item"), text=" ".join(texts),
-                      previous_item_id=read(msg, "previous_item_id", str, ""))
+    return E.ItemCreate(event_id=event_id, item_id=read(item, "id", str, "item") or ids("item"), text=" ".join(texts),
+                        previous_item_id=read(msg, "previous_item_id", str, ""))
 
 
 # --------------------------------------------------------------------------- the session
@@ -169,59 +151,59 @@ class ProtocolSession:
 
     # ---- client -> server
 
-    def receive(self, text: str | bytes) -> list[ClientEvent | ProtocolError]:
+    def receive(self, text: str | bytes) -> list[E.ClientEvent | E.ProtocolError]:
         """Parse one websocket text message.  Never raises for bad input (see the module docstring)."""
         if isinstance(text, bytes | bytearray):
             size = len(text)
         else:
             size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
         if size > self.max_message_bytes:
-            return [ProtocolError("message_too_large", f"message of {size} bytes exceeds the limit of {self.max_message_bytes} bytes")]
+            return [E.ProtocolError("message_too_large", f"message of {size} bytes exceeds the limit of {self.max_message_bytes} bytes")]
         try:
             msg = json.loads(text)
         except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            return [ProtocolError("invalid_json", f"message is not valid JSON: {e}")]
+            return [E.ProtocolError("invalid_json", f"message is not valid JSON: {e}")]
         if not isinstance(msg, dict):
-            return [ProtocolError("invalid_event", f"message must be a JSON object, got {type(msg).__name__}")]
+            return [E.ProtocolError("invalid_event", f"message must be a JSON object, got {type(msg).__name__}")]
         bad = invalid_unicode(msg)
         if bad is not None:  # a lone surrogate ("\ud800" in the JSON): no string of it is used, or echoed
             event_id = msg.get("event_id") if bad != "event_id" and isinstance(msg.get("event_id"), str) else None
-            return [ProtocolError("invalid_unicode", f"field '{bad}' is not valid Unicode text (it holds a lone surrogate "
-                                  "escape such as \\ud800)", event_id, bad)]
+            return [E.ProtocolError("invalid_unicode", f"field '{bad}' is not valid Unicode text (it holds a lone surrogate "
+                                    "escape such as \\ud800)", event_id, bad)]
         event_id = msg.get("event_id")
         if event_id is not None and not isinstance(event_id, str):
-            return [ProtocolError("invalid_type", f"field 'event_id' must be string, got {type(event_id).__name__}", None, "event_id")]
+            return [E.ProtocolError("invalid_type", f"field 'event_id' must be string, got {type(event_id).__name__}", None, "event_id")]
         kind = msg.get("type")
         if not isinstance(kind, str):
             what = "missing required field 'type'" if kind is None else f"field 'type' must be string, got {type(kind).__name__}"
-            return [ProtocolError("missing_required_parameter" if kind is None else "invalid_type", what, event_id, "type")]
+            return [E.ProtocolError("missing_required_parameter" if kind is None else "invalid_type", what, event_id, "type")]
         parse = self._PARSERS.get(kind)
         if parse is None:
-            return [ProtocolError("unknown_event_type", f"unknown or unsupported event type '{kind}'", event_id, "type")]
+            return [E.ProtocolError("unknown_event_type", f"unknown or unsupported event type '{kind}'", event_id, "type")]
         try:
             return [parse(self, msg, event_id)]
         except FieldError as e:
-            return [ProtocolError(e.code, f"{kind}: {e.message}", event_id, e.param)]
+            return [E.ProtocolError(e.code, f"{kind}: {e.message}", event_id, e.param)]
 
-    def _session_update(self, msg: dict, event_id: str | None) -> SessionUpdate:
+    def _session_update(self, msg: dict, event_id: str | None) -> E.SessionUpdate:
         cfg, changed = apply_session_update(msg, self.config)
         self.config = cfg
-        return SessionUpdate(event_id=event_id, config=cfg, changed=changed)
+        return E.SessionUpdate(event_id=event_id, config=cfg, changed=changed)
 
-    def _append(self, msg: dict, event_id: str | None) -> InputAudioAppend:
+    def _append(self, msg: dict, event_id: str | None) -> E.InputAudioAppend:
         audio = read(msg, "audio", str, "", required=True)
         try:
             samples = decode_pcm(audio)
         except ValueError as e:
             raise FieldError("invalid_audio", f"field 'audio' is {e}", "audio") from None
-        return InputAudioAppend(event_id=event_id, samples=samples, rate=self.config.input_rate)
+        return E.InputAudioAppend(event_id=event_id, samples=samples, rate=self.config.input_rate)
 
-    def _item_create(self, msg: dict, event_id: str | None) -> ItemCreate | FunctionOutputCreate:
+    def _item_create(self, msg: dict, event_id: str | None) -> E.ItemCreate | E.FunctionOutputCreate:
         ev = _text_item(msg, self.ids, event_id)
         self.last_item_id = ev.item_id
         return ev
 
-    def _response_create(self, msg: dict, event_id: str | None) -> ResponseCreate:
+    def _response_create(self, msg: dict, event_id: str | None) -> E.ResponseCreate:
         params = read(msg, "response", dict, "") or {}
         meta = read(params, "metadata", dict, "response")
         if meta is not None:
@@ -233,77 +215,77 @@ class ProtocolSession:
                                      f"of up to 512 (key {k[:64]!r})", "response.metadata")
             meta = tuple(meta.items())
         choice = tool_choice(params["tool_choice"], "response.tool_choice") if "tool_choice" in params else None
-        return ResponseCreate(event_id=event_id, instructions=read(params, "instructions", str, "response"), metadata=meta,
-                              tool_choice=choice)
+        return E.ResponseCreate(event_id=event_id, instructions=read(params, "instructions", str, "response"), metadata=meta,
+                                tool_choice=choice)
 
-    def _truncate(self, msg: dict, event_id: str | None) -> ItemTruncate:
-        return ItemTruncate(event_id=event_id, item_id=read(msg, "item_id", str, "", required=True),
-                            content_index=nonneg(read(msg, "content_index", int, "", required=True), "content_index"),
-                            audio_end_ms=nonneg(read(msg, "audio_end_ms", int, "", required=True), "audio_end_ms"))
+    def _truncate(self, msg: dict, event_id: str | None) -> E.ItemTruncate:
+        return E.ItemTruncate(event_id=event_id, item_id=read(msg, "item_id", str, "", required=True),
+                              content_index=nonneg(read(msg, "content_index", int, "", required=True), "content_index"),
+                              audio_end_ms=nonneg(read(msg, "audio_end_ms", int, "", required=True), "audio_end_ms"))
 
     def _item_ref(self, msg: dict, event_id: str | None, cls):
         return cls(event_id=event_id, item_id=read(msg, "item_id", str, "", required=True))
 
-    def _played(self, msg: dict, event_id: str | None) -> OutputAudioPlayed:
-        return OutputAudioPlayed(event_id=event_id, sample=nonneg(read(msg, "sample", int, "", required=True), "sample"),
-                                 response_id=read(msg, "response_id", str, ""), item_id=read(msg, "item_id", str, ""),
-                                 input_sample=nonneg(read(msg, "input_sample", int, ""), "input_sample"))
+    def _played(self, msg: dict, event_id: str | None) -> E.OutputAudioPlayed:
+        return E.OutputAudioPlayed(event_id=event_id, sample=nonneg(read(msg, "sample", int, "", required=True), "sample"),
+                                   response_id=read(msg, "response_id", str, ""), item_id=read(msg, "item_id", str, ""),
+                                   input_sample=nonneg(read(msg, "input_sample", int, ""), "input_sample"))
 
-    _PARSERS: ClassVar[dict[str, Callable[[ProtocolSession, dict, str | None], ClientEvent]]] = {
-        SessionUpdate.TYPE: _session_update,
-        InputAudioAppend.TYPE: _append,
-        InputAudioCommit.TYPE: lambda self, msg, eid: InputAudioCommit(event_id=eid),
-        InputAudioClear.TYPE: lambda self, msg, eid: InputAudioClear(event_id=eid),
-        ItemCreate.TYPE: _item_create,
-        ResponseCreate.TYPE: _response_create,
-        ResponseCancel.TYPE: lambda self, msg, eid: ResponseCancel(event_id=eid, response_id=read(msg, "response_id", str, "")),
-        ItemTruncate.TYPE: _truncate,
-        ItemRetrieve.TYPE: lambda self, msg, eid: self._item_ref(msg, eid, ItemRetrieve),
-        ItemDelete.TYPE: lambda self, msg, eid: self._item_ref(msg, eid, ItemDelete),
-        OutputAudioPlayed.TYPE: _played,
-        SessionLatencyRequest.TYPE: lambda self, msg, eid: SessionLatencyRequest(event_id=eid),
+    _PARSERS: ClassVar[dict[str, Callable[[ProtocolSession, dict, str | None], E.ClientEvent]]] = {
+        E.SessionUpdate.TYPE: _session_update,
+        E.InputAudioAppend.TYPE: _append,
+        E.InputAudioCommit.TYPE: lambda self, msg, eid: E.InputAudioCommit(event_id=eid),
+        E.InputAudioClear.TYPE: lambda self, msg, eid: E.InputAudioClear(event_id=eid),
+        E.ItemCreate.TYPE: _item_create,
+        E.ResponseCreate.TYPE: _response_create,
+        E.ResponseCancel.TYPE: lambda self, msg, eid: E.ResponseCancel(event_id=eid, response_id=read(msg, "response_id", str, "")),
+        E.ItemTruncate.TYPE: _truncate,
+        E.ItemRetrieve.TYPE: lambda self, msg, eid: self._item_ref(msg, eid, E.ItemRetrieve),
+        E.ItemDelete.TYPE: lambda self, msg, eid: self._item_ref(msg, eid, E.ItemDelete),
+        E.OutputAudioPlayed.TYPE: _played,
+        E.SessionLatencyRequest.TYPE: lambda self, msg, eid: E.SessionLatencyRequest(event_id=eid),
     }
 
     # ---- server -> client
 
-    def build(self, type: str, **fields) -> ServerEvent:
+    def build(self, type: str, **fields) -> E.ServerEvent:
         """The server event ``type`` with a fresh ``event_id``: ``fields`` must be exactly those ``SERVER_EVENTS``
         names for it (any order; they go out in the table's).  Anything else is our bug: ``TypeError``."""
-        names = SERVER_EVENTS[type]
+        names = E.SERVER_EVENTS[type]
         if fields.keys() != set(names):
             raise TypeError(f"{type} takes the fields {names}, got {tuple(fields)}")
-        return ServerEvent(type=type, event_id=self.ids("event"), data={k: fields[k] for k in names})
+        return E.ServerEvent(type=type, event_id=self.ids("event"), data={k: fields[k] for k in names})
 
     def new_item_id(self) -> str:
         return self.ids("item")
 
-    def session_created(self) -> ServerEvent:
+    def session_created(self) -> E.ServerEvent:
         return self.build("session.created", session=self.config.to_dict())
 
-    def session_updated(self) -> ServerEvent:
+    def session_updated(self) -> E.ServerEvent:
         return self.build("session.updated", session=self.config.to_dict())
 
-    def speech_started(self, audio_start_ms: int, item_id: str | None = None) -> ServerEvent:
+    def speech_started(self, audio_start_ms: int, item_id: str | None = None) -> E.ServerEvent:
         """``item_id`` of the user item this speech will become; a fresh one when not given."""
         return self.build("input_audio_buffer.speech_started", audio_start_ms=int(audio_start_ms), item_id=item_id or self.new_item_id())
 
-    def speech_stopped(self, audio_end_ms: int, item_id: str) -> ServerEvent:
+    def speech_stopped(self, audio_end_ms: int, item_id: str) -> E.ServerEvent:
         return self.build("input_audio_buffer.speech_stopped", audio_end_ms=int(audio_end_ms), item_id=item_id)
 
-    def committed(self, item_id: str | None = None) -> ServerEvent:
+    def committed(self, item_id: str | None = None) -> E.ServerEvent:
         """The buffer became user item ``item_id`` (fresh when not given), after the newest item."""
         item_id = item_id or self.new_item_id()
         previous, self.last_item_id = self.last_item_id, item_id
         return self.build("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
 
-    def cleared(self) -> ServerEvent:
+    def cleared(self) -> E.ServerEvent:
         return self.build("input_audio_buffer.cleared")
 
-    def timeout_triggered(self, audio_start_ms: int, audio_end_ms: int, item_id: str) -> ServerEvent:
+    def timeout_triggered(self, audio_start_ms: int, audio_end_ms: int, item_id: str) -> E.ServerEvent:
         return self.build("input_audio_buffer.timeout_triggered", audio_start_ms=int(audio_start_ms), audio_end_ms=int(audio_end_ms),
                           item_id=item_id)
 
-    def transcription_completed(self, item_id: str, transcript: str, audio_seconds: float, content_index: int = 0) -> ServerEvent:
+    def transcription_completed(self, item_id: str, transcript: str, audio_seconds: float, content_index: int = 0) -> E.ServerEvent:
         return self.build("conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=content_index,
                           transcript=transcript, usage={"type": "duration", "seconds": float(audio_seconds)})
 
@@ -319,32 +301,32 @@ class ProtocolSession:
             out["usage"] = usage
         return out
 
-    def response_created(self, metadata: dict | None = None) -> ServerEvent:
+    def response_created(self, metadata: dict | None = None) -> E.ServerEvent:
         """A fresh response (``.response_id``), in progress, with no output yet; use ``new_item_id()`` for its item."""
         return self.build("response.created", response=self._response(self.ids("resp"), "in_progress", [], metadata=metadata))
 
     def audio_delta(self, response_id: str, item_id: str, pcm: np.ndarray | bytes, output_index: int = 0,
-                    content_index: int = 0) -> ServerEvent:
+                    content_index: int = 0) -> E.ServerEvent:
         return self.build("response.output_audio.delta", response_id=response_id, item_id=item_id, output_index=output_index,
                           content_index=content_index, delta=encode_pcm(pcm))
 
-    def audio_done(self, response_id: str, item_id: str, output_index: int = 0, content_index: int = 0) -> ServerEvent:
+    def audio_done(self, response_id: str, item_id: str, output_index: int = 0, content_index: int = 0) -> E.ServerEvent:
         return self.build("response.output_audio.done", response_id=response_id, item_id=item_id, output_index=output_index,
                           content_index=content_index)
 
     def transcript_delta(self, response_id: str, item_id: str, delta: str, output_index: int = 0,
-                         content_index: int = 0) -> ServerEvent:
+                         content_index: int = 0) -> E.ServerEvent:
         return self.build("response.output_audio_transcript.delta", response_id=response_id, item_id=item_id,
                           output_index=output_index, content_index=content_index, delta=delta)
 
     def transcript_done(self, response_id: str, item_id: str, transcript: str, output_index: int = 0,
-                        content_index: int = 0) -> ServerEvent:
+                        content_index: int = 0) -> E.ServerEvent:
         return self.build("response.output_audio_transcript.done", response_id=response_id, item_id=item_id,
                           output_index=output_index, content_index=content_index, transcript=transcript)
 
     def response_done(self, response_id: str, item_id: str | None, transcript: str = "", *, cancelled: bool = False,
                       reason: str = "client_cancelled", metadata: dict | None = None, usage: dict | None = None,
-                      output: list[dict] | None = None, error: str | None = None) -> ServerEvent:
+                      output: list[dict] | None = None, error: str | None = None) -> E.ServerEvent:
         """``status`` completed, cancelled with ``reason`` ('client_cancelled' or 'turn_detected' for barge-in), or
         failed with ``error`` (the LLM backend's).  ``output``: the response's items as they are now; by default the
         assistant item ``item_id`` with ``transcript`` (``item_id`` None: the response produced no item)."""
@@ -391,52 +373,52 @@ class ProtocolSession:
         return {"id": item_id, "object": "realtime.item", "type": "function_call_output", "status": "completed",
                 "call_id": call_id, "output": output}
 
-    def arguments_delta(self, response_id: str, item_id: str, output_index: int, call_id: str, delta: str) -> ServerEvent:
+    def arguments_delta(self, response_id: str, item_id: str, output_index: int, call_id: str, delta: str) -> E.ServerEvent:
         return self.build("response.function_call_arguments.delta", response_id=response_id, item_id=item_id,
                           output_index=output_index, call_id=call_id, delta=delta)
 
     def arguments_done(self, response_id: str, item_id: str, output_index: int, call_id: str, name: str,
-                       arguments: str) -> ServerEvent:
+                       arguments: str) -> E.ServerEvent:
         return self.build("response.function_call_arguments.done", response_id=response_id, item_id=item_id,
                           output_index=output_index, call_id=call_id, name=name, arguments=arguments)
 
-    def item_added(self, item: dict, previous_item_id: str | None) -> ServerEvent:
+    def item_added(self, item: dict, previous_item_id: str | None) -> E.ServerEvent:
         return self.build("conversation.item.added", previous_item_id=previous_item_id, item=item)
 
-    def item_done(self, item: dict, previous_item_id: str | None) -> ServerEvent:
+    def item_done(self, item: dict, previous_item_id: str | None) -> E.ServerEvent:
         return self.build("conversation.item.done", previous_item_id=previous_item_id, item=item)
 
-    def item_retrieved(self, item: dict) -> ServerEvent:
+    def item_retrieved(self, item: dict) -> E.ServerEvent:
         return self.build("conversation.item.retrieved", item=item)
 
-    def item_deleted(self, item_id: str) -> ServerEvent:
+    def item_deleted(self, item_id: str) -> E.ServerEvent:
         return self.build("conversation.item.deleted", item_id=item_id)
 
-    def output_item_added(self, response_id: str, item: dict, output_index: int = 0) -> ServerEvent:
+    def output_item_added(self, response_id: str, item: dict, output_index: int = 0) -> E.ServerEvent:
         return self.build("response.output_item.added", response_id=response_id, output_index=output_index, item=item)
 
-    def output_item_done(self, response_id: str, item: dict, output_index: int = 0) -> ServerEvent:
+    def output_item_done(self, response_id: str, item: dict, output_index: int = 0) -> E.ServerEvent:
         return self.build("response.output_item.done", response_id=response_id, output_index=output_index, item=item)
 
-    def content_part_added(self, response_id: str, item_id: str, output_index: int = 0, content_index: int = 0) -> ServerEvent:
+    def content_part_added(self, response_id: str, item_id: str, output_index: int = 0, content_index: int = 0) -> E.ServerEvent:
         return self.build("response.content_part.added", response_id=response_id, item_id=item_id, output_index=output_index,
                           content_index=content_index, part={"type": "audio", "transcript": ""})
 
     def content_part_done(self, response_id: str, item_id: str, transcript: str, output_index: int = 0,
-                          content_index: int = 0) -> ServerEvent:
+                          content_index: int = 0) -> E.ServerEvent:
         return self.build("response.content_part.done", response_id=response_id, item_id=item_id, output_index=output_index,
                           content_index=content_index, part={"type": "audio", "transcript": transcript})
 
-    def truncated(self, item_id: str, audio_end_ms: int, content_index: int = 0) -> ServerEvent:
+    def truncated(self, item_id: str, audio_end_ms: int, content_index: int = 0) -> E.ServerEvent:
         return self.build("conversation.item.truncated", item_id=item_id, content_index=content_index, audio_end_ms=int(audio_end_ms))
 
-    def error(self, err: ProtocolError) -> ServerEvent:
+    def error(self, err: E.ProtocolError) -> E.ServerEvent:
         return self.build("error", error={"type": err.type, "code": err.code, "message": err.message, "param": err.param,
                                           "event_id": err.event_id})
 
-    def turn_latency(self, report: dict) -> ServerEvent:
+    def turn_latency(self, report: dict) -> E.ServerEvent:
         """``report``: ``TurnReport.to_dict()``, carried unchanged."""
         return self.build("turn.latency", report=report)
 
-    def session_latency(self, summary: dict) -> ServerEvent:
+    def session_latency(self, summary: dict) -> E.ServerEvent:
         return self.build("session.latency", summary=summary)

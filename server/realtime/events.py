@@ -28,101 +28,103 @@ from .config import SessionConfig
 
 
 @dataclass(frozen=True, slots=True)
-class SessionUpdate:
-    TYPE: ClassVar[str] = "session.update"
+class _ClientEvent:
+    """What every client event has: its wire name (``TYPE``) and the client's ``event_id``."""
+
+    TYPE: ClassVar[str]
     event_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _ItemEvent(_ClientEvent):
+    """A client event about one conversation item."""
+
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _NewItem(_ItemEvent):
+    """A ``conversation.item.create``: ``item_id`` is the client's or one we assigned."""
+
+    TYPE: ClassVar[str] = "conversation.item.create"
+    previous_item_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionUpdate(_ClientEvent):
+    TYPE: ClassVar[str] = "session.update"
     config: SessionConfig  # the new effective configuration, already applied
     changed: frozenset[str]  # SessionConfig field names the update touched
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class InputAudioAppend:
+class InputAudioAppend(_ClientEvent):
     TYPE: ClassVar[str] = "input_audio_buffer.append"
-    event_id: str | None
     samples: np.ndarray  # int16, read-only
     rate: int  # the session's input rate when the chunk arrived
 
 
 @dataclass(frozen=True, slots=True)
-class InputAudioCommit:
+class InputAudioCommit(_ClientEvent):
     TYPE: ClassVar[str] = "input_audio_buffer.commit"
-    event_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
-class InputAudioClear:
+class InputAudioClear(_ClientEvent):
     TYPE: ClassVar[str] = "input_audio_buffer.clear"
-    event_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
-class ItemCreate:
-    """A user text message (``conversation.item.create``); ``item_id`` is the client's or one we assigned."""
+class ItemCreate(_NewItem):
+    """A user text message."""
 
-    TYPE: ClassVar[str] = "conversation.item.create"
-    event_id: str | None
-    item_id: str
     text: str
-    previous_item_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
-class FunctionOutputCreate:
-    """A tool's result (``conversation.item.create`` of a ``function_call_output`` item)."""
+class FunctionOutputCreate(_NewItem):
+    """A tool's result (an item of type ``function_call_output``)."""
 
-    TYPE: ClassVar[str] = "conversation.item.create"
-    event_id: str | None
-    item_id: str
     call_id: str
     output: str
-    previous_item_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
-class ResponseCreate:
+class ResponseCreate(_ClientEvent):
     TYPE: ClassVar[str] = "response.create"
-    event_id: str | None
     instructions: str | None  # this response's instructions instead of the session's; other params are ignored
     metadata: tuple[tuple[str, str], ...] | None = None  # echoed in the response object (pairs: the event is frozen)
     tool_choice: str | dict | None = None  # this response's, instead of the session's
 
 
 @dataclass(frozen=True, slots=True)
-class ResponseCancel:
+class ResponseCancel(_ClientEvent):
     TYPE: ClassVar[str] = "response.cancel"
-    event_id: str | None
     response_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
-class ItemTruncate:
+class ItemTruncate(_ItemEvent):
     TYPE: ClassVar[str] = "conversation.item.truncate"
-    event_id: str | None
-    item_id: str
     content_index: int
     audio_end_ms: int
 
 
 @dataclass(frozen=True, slots=True)
-class ItemRetrieve:
+class ItemRetrieve(_ItemEvent):
     TYPE: ClassVar[str] = "conversation.item.retrieve"
-    event_id: str | None
-    item_id: str
 
 
 @dataclass(frozen=True, slots=True)
-class ItemDelete:
+class ItemDelete(_ItemEvent):
     TYPE: ClassVar[str] = "conversation.item.delete"
-    event_id: str | None
-    item_id: str
 
 
 @dataclass(frozen=True, slots=True)
-class OutputAudioPlayed:
+class OutputAudioPlayed(_ClientEvent):
     """Our extension: the client has started playing output sample ``sample`` (counted since session start)."""
 
     TYPE: ClassVar[str] = "output_audio.played"
-    event_id: str | None
     sample: int
     response_id: str | None
     item_id: str | None
@@ -130,11 +132,10 @@ class OutputAudioPlayed:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionLatencyRequest:
+class SessionLatencyRequest(_ClientEvent):
     """Our extension: the client asks for a ``session.latency`` summary."""
 
     TYPE: ClassVar[str] = "session.latency"
-    event_id: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -272,6 +272,11 @@ def test_function_tools_are_kept_and_echoed_in_the_session():
     assert (r, d) == (P.ItemRetrieve(event_id="e", item_id="item_7"), P.ItemDelete(event_id=None, item_id="item_8"))
 
 
+def _truncate(event_id: str, content_index, audio_end_ms) -> str:
+    return json.dumps({"type": "conversation.item.truncate", "event_id": event_id, "item_id": "i", "content_index": content_index,
+                       "audio_end_ms": audio_end_ms})
+
+
 BAD = [
     ("not json", "{nope", "invalid_json", None, "not valid JSON"),
     ("json array", "[1, 2]", "invalid_event", None, "JSON object"),
@@ -283,10 +288,8 @@ BAD = [
      "invalid_audio", "e5", "odd byte count"),
     ("bad base64", '{"type": "input_audio_buffer.append", "event_id": "e6", "audio": "@@@not base64"}', "invalid_audio", "e6", "base64"),
     ("audio not a string", '{"type": "input_audio_buffer.append", "event_id": "e7", "audio": 12}', "invalid_type", "e7", "'audio'"),
-    ("truncate wrong type", '{"type": "conversation.item.truncate", "event_id": "e8", "item_id": "i", "content_index": 0, '
-                            '"audio_end_ms": "10"}', "invalid_type", "e8", "'audio_end_ms'"),
-    ("truncate bool index", '{"type": "conversation.item.truncate", "event_id": "e9", "item_id": "i", "content_index": true, '
-                            '"audio_end_ms": 10}', "invalid_type", "e9", "'content_index'"),
+    ("truncate wrong type", _truncate("e8", 0, "10"), "invalid_type", "e8", "'audio_end_ms'"),
+    ("truncate bool index", _truncate("e9", True, 10), "invalid_type", "e9", "'content_index'"),
     ("negative sample", '{"type": "output_audio.played", "event_id": "e10", "sample": -1}', "invalid_value", "e10", "'sample'"),
     ("session not object", '{"type": "session.update", "event_id": "e11", "session": "x"}', "invalid_type", "e11", "'session'"),
     ("vad threshold", '{"type": "session.update", "event_id": "e12", "session": {"audio": {"input": {"turn_detection": '
