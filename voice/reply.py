@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,7 +31,15 @@ from .loop_events import FunctionCallDelta, PhraseStarted, ResponseStarted, Tran
 from .phrases import PhraseChunker, PhraseConfig
 from .protocols import ASR_RATE, FunctionCallPiece
 from .response import Kind, Phase, Response, has_words
-from .turns import TurnEvent
+from .turns import TurnEvent, TurnMachine
+
+if TYPE_CHECKING:
+    from .input_buffer import InputBuffer
+    from .latency import TurnTrace
+    from .loop import Engines, LoopConfig
+    from .mitigation import Mitigation
+    from .playout import Playout
+    from .protocols import Clock, Sink
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
 #: What the loop says when the user has been silent for the idle timeout (a set phrase: no LLM call, no prompt to fit)
@@ -37,6 +47,18 @@ IDLE_PROMPT = "Are you still there?"
 
 
 class ReplyPump:
+    # the loop's state this part works on (``VoiceLoop.__init__``)
+    cfg: LoopConfig
+    e: Engines
+    clock: Clock
+    input: InputBuffer
+    playout: Playout
+    sink: Sink
+    mitigation: Mitigation
+    turns: TurnMachine
+    _trace: TurnTrace | None
+    on_partial: Callable[[str], None] | None
+
     def _start_text(self, kind: Kind, text: str) -> Response:
         """A response to no audio of its own (a typed turn, the conversation going on, the idle prompt)."""
         end = self.input.end_sample

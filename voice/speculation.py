@@ -15,14 +15,31 @@ Uses the loop's ``cfg``, ``e``, ``clock``, ``vad``, ``_trace``, ``_task``, ``_sp
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .latency import TurnTrace
 from .response import Kind, Phase, Response
 from .turn_end import scoring_context
 from .vad import EarlyPause, Pause, SpeechStopped
 from .vad import State as VadState
 
+if TYPE_CHECKING:
+    from .loop import Engines, LoopConfig
+    from .protocols import Clock
+    from .vad import Endpointer
+
 
 class Speculation:
+    # the loop's state this part works on (``VoiceLoop.__init__``)
+    cfg: LoopConfig
+    e: Engines
+    clock: Clock
+    vad: Endpointer
+    _trace: TurnTrace | None
+    _task: Response | None
+    _spec: Response | None
+    _stop_ms: int | None
+
     def _speculating(self) -> bool:
         """A pause now may start a speculative answer: the user's turn is open and not answered yet."""
         return self.cfg.speculative and self._trace is not None and self._task is None
