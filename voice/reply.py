@@ -109,21 +109,10 @@ class ReplyPump:
         return time.monotonic() + (local - now)
 
     def _respond(self, r: Response, audio: np.ndarray | None, text: str | None = None):
-        clock = self.clock
-        if text is None:
-            r.stamp("asr_start", clock.now())
-            short = "short_asr_window" in self._mitigate(r, ("asr", "first_phrase", "tts"))
-            if short:
-                r.used.append("short_asr_window")
-            with clock.working():  # (``short`` only when asked for: a transcriber without it still works)
-                tr = self.e.transcriber.transcribe(audio, speculative=r.speculative, **({"short": True} if short else {}))
-            if tr.retry:  # degenerate at a pause: no answer from it; the endpoint transcribes afresh
-                r.advance(Phase.FAILED)
-                return
-            r.transcript = tr.text.strip()
-        else:
-            r.transcript = text.strip()
-        r.stamp("transcript", clock.now())
+        """``r``'s work, one piece per ``next``: its transcript (of ``audio``, else the ``text`` typed), the end-of-turn
+        score at a pause, then the reply."""
+        if not self._transcribe(r, audio, text):
+            return
         if r.speculative and self.on_partial and r.transcript:
             self.on_partial(r.transcript)
         if r.released:
@@ -134,6 +123,31 @@ class ReplyPump:
         if r.speculative and self._semantic():
             self._judge_turn_end(r)
             yield
+        yield from self._reply(r)
+
+    def _transcribe(self, r: Response, audio: np.ndarray | None, text: str | None) -> bool:
+        """``r``'s transcript; False when the transcription came out degenerate (``r`` failed)."""
+        clock = self.clock
+        if text is None:
+            r.stamp("asr_start", clock.now())
+            short = "short_asr_window" in self._mitigate(r, ("asr", "first_phrase", "tts"))
+            if short:
+                r.used.append("short_asr_window")
+            with clock.working():  # (``short`` only when asked for: a transcriber without it still works)
+                tr = self.e.transcriber.transcribe(audio, speculative=r.speculative, **({"short": True} if short else {}))
+            if tr.retry:  # degenerate at a pause: no answer from it; the endpoint transcribes afresh
+                r.advance(Phase.FAILED)
+                return False
+            r.transcript = tr.text.strip()
+        else:
+            r.transcript = text.strip()
+        r.stamp("transcript", clock.now())
+        return True
+
+    def _reply(self, r: Response):
+        """The answer: LLM pieces -> phrases -> TTS chunks (the set phrase for the idle prompt), at most
+        ``LoopConfig.max_sentences`` sentences; a tool call goes to the adapter; a failing backend ends it."""
+        clock = self.clock
         chunker = r.chunker = PhraseChunker()
         self._mitigate(r, ("first_phrase", "tts"))
         llm = self.e.llm
