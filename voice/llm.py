@@ -398,13 +398,16 @@ class LLMConversation:
         for _ in self.generator.stream(ids, max_tokens=1, sampling=self.sampling):
             pass
 
-    def context(self, opening: list[dict] | None = None) -> list[dict]:
-        """The messages the model sees: the opening (this persona's, or ``opening``) and the last ``history_turns``
-        exchanges."""
+    def context(self) -> list[dict]:
+        """The messages the model sees: the persona's opening and the last ``history_turns`` exchanges."""
+        return self._context(self._opening)
+
+    def _context(self, opening: list[dict]) -> list[dict]:
+        """``context()`` opened by ``opening`` (a reply's own instructions make another)."""
         turns = self.history[len(self._opening):]
         if self.history_turns is not None:
             turns = turns[len(turns) - 2 * self.history_turns:] if self.history_turns else []
-        return (self._opening if opening is None else opening) + turns
+        return opening + turns
 
     def scoring_context(self) -> list[dict]:
         """The end-of-turn score reads the user's text after this conversation's own context (whose prefix cache the
@@ -440,7 +443,7 @@ class LLMConversation:
         persona = self.persona if self.instructions is None else Persona.from_instructions(self.instructions)
         opening = self._opening if persona is self.persona else persona.opening()
         msgs, start = persona.turn(user_text, previous)
-        context = self.context(opening)
+        context = self._context(opening)
         tail = self.generator.tokenizer.encode(start) if start else []
         while True:
             ids = self.generator.encode_chat(context + msgs) + tail
