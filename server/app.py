@@ -442,4 +442,4 @@ def _token(authorization: str, protocols: list[str], query: dict) -> str | None:
 
 
 def _response(status: int, body: bytes, ctype: str) -> Response:
-    return Response(body, status, headers={"Content-Type": ctype})
+    return Response(body, status, headers={"Content-Type": ctype, "Cache-Control": "no-store"})
