@@ -189,15 +189,12 @@ def test_audio_sent_faster_than_real_time_is_capped_with_one_error(shared):
         async def go():
             async with websockets.connect(s.url()) as ws:
                 await _events_until(ws, lambda e: e["type"] == "session.created")
-                t0 = time.monotonic()
-                for i in range(0, len(minute), 4800):
+                for i in range(0, len(minute), 4800):  # as fast as the socket takes it: far faster than real time
                     await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(minute[i:i + 4800])}))
-                sent_s = time.monotonic() - t0
                 await ws.send(json.dumps({"type": "session.latency"}))
-                return sent_s, await _events_until(ws, lambda e: e["type"] == "session.latency", 120)
+                return await _events_until(ws, lambda e: e["type"] == "session.latency", 120)
 
-        sent_s, events = run(go(), 180)
-        assert sent_s < 20  # far faster than real time
+        events = run(go(), 180)
         overflow = [e for e in errors(events) if e["code"] == "input_audio_buffer_overflow"]
         # one error per episode: audio too far ahead of the clock, and/or a backlog the session has not read yet
         assert 1 <= len(overflow) <= 2 and len(errors(events)) == len(overflow)
@@ -208,42 +205,23 @@ def test_audio_sent_faster_than_real_time_is_capped_with_one_error(shared):
         s.close()
 
 
-async def _text_turn_ms(ws, text="What are your hours?") -> float:
-    """response.create -> the answer's first audio, in ms; waits for the response to finish."""
+async def _text_turn(ws, on_first_audio=lambda: None, text="What are your hours?") -> list[dict]:
+    """A text turn: ``on_first_audio()`` is called when the answer's first audio arrives; returns the turn's events
+    once the response is done (none of them an error)."""
     for m in text_turn(text):
         await ws.send(m)
-    t0 = time.monotonic()
-    first = None
-    async with asyncio.timeout(120):
+    events, heard = [], False
+    async with asyncio.timeout(180):
         while True:
             ev = json.loads(await ws.recv())
-            if ev["type"] == "response.output_audio.delta" and first is None:
-                first = time.monotonic()
+            events.append(ev)
             assert ev["type"] != "error", ev
+            if ev["type"] == "response.output_audio.delta" and not heard:
+                heard = True
+                on_first_audio()
             if ev["type"] == "response.done":
-                break
-    return (first - t0) * 1000
-
-
-def _turns_alone_and_beside(s: _Running, beside, what: str, timeout: float, rounds: int = 3) -> None:
-    """A healthy session's text turn, ``rounds`` times alone and then ``rounds`` times inside ``beside(k)`` (an async
-    context manager that sets a neighbour's work going); asserts the median beside is within 1.5x of the median alone."""
-    from statistics import median
-
-    async def go():
-        async with websockets.connect(s.url()) as healthy:
-            await _events_until(healthy, lambda e: e["type"] == "session.created")
-            await _text_turn_ms(healthy)  # warm
-            alone = [await _text_turn_ms(healthy) for _ in range(rounds)]
-            with_neighbour = []
-            for k in range(rounds):
-                async with beside(k):
-                    with_neighbour.append(await _text_turn_ms(healthy))
-            return alone, with_neighbour
-
-    alone, with_neighbour = run(go(), timeout)
-    print(f"alone {alone}, with the neighbour's {what} {with_neighbour}")
-    assert median(with_neighbour) <= 1.5 * median(alone), (alone, with_neighbour)
+                assert heard and ev["response"]["status"] == "completed", ev
+                return events
 
 
 @contextlib.asynccontextmanager
@@ -253,45 +231,100 @@ async def _neighbour(s: _Running, update: dict):
         await _events_until(ws, lambda e: e["type"] == "session.created")
         await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", **update}}))
         updated = await _events_until(ws, lambda e: e["type"] in ("session.updated", "error"))
-        assert updated[-1]["type"] == "session.updated"  # accepted: the work it sets going is what is measured
+        assert updated[-1]["type"] == "session.updated", updated[-1]  # accepted: the work it sets going is what is checked
         yield ws
 
 
-def test_a_neighbours_long_instructions_do_not_hold_up_a_turn(shared):
-    """Another session's instructions of ~1,400 tokens are prefilled as bulk work in slices: the healthy session's
-    text turn stays within 1.5x of its figure alone, measured in this run."""
-    @contextlib.asynccontextmanager
-    async def beside(k: int):
-        long = " ".join(f"Rule {k}.{i}: always greet the caller warmly and kindly." for i in range(95))  # ~1,400 tokens
-        async with _neighbour(s, {"instructions": long}):
-            await asyncio.sleep(0.05)  # its prefill is under way
-            yield
+class _BulkSlices:
+    """The bulk prefill slices the shared compute thread runs (``ComputeThread.step(..., bulk=True)``), in order: the
+    sequence (its state) and first position of each, appended once the slice is done."""
 
+    def __init__(self, compute, monkeypatch):
+        self.done: list[tuple[int, int]] = []
+        step = compute.step
+
+        def counting(model, state, tokens, pos0, bulk=False):
+            out = step(model, state, tokens, pos0, bulk=bulk)
+            if bulk:
+                self.done.append((id(state), pos0))
+            return out
+
+        monkeypatch.setattr(compute, "step", counting)
+
+
+def test_a_neighbours_long_instructions_do_not_hold_up_a_turn(shared, monkeypatch):
+    """Another session's instructions (an opening of ~1,300 tokens) are prefilled as bulk work, in slices that yield: a healthy
+    session's text turn asked for while that prefill is under way has its first audio before the prefill is done, the
+    neighbour's slices running on both sides of it (counted in slices, not timed: bench/neighbours.py times it)."""
+    slices = _BulkSlices(shared.compute, monkeypatch)
+    long = " ".join(f"Rule {i}: always greet the caller warmly and kindly." for i in range(30))  # a ~1,300-token opening
     s = _Running(shared, ServerOptions(port=0))
     try:
-        _turns_alone_and_beside(s, beside, "instructions", 300)
+        async def go():
+            async with websockets.connect(s.url()) as healthy:
+                await _events_until(healthy, lambda e: e["type"] == "session.created")
+                await _text_turn(healthy)  # its own context prefilled and answered first
+                slices.done.clear()
+                async with _neighbour(s, {"instructions": long}) as neighbour:
+                    await wait_for(lambda: slices.done, 120)  # the neighbour's prefill is under way
+                    asked = len(slices.done)
+                    heard = []
+                    await _text_turn(healthy, lambda: heard.append(len(slices.done)))
+                    for m in text_turn("Hello?"):  # the neighbour's own answer comes after its whole prefill
+                        await neighbour.send(m)
+                    await _events_until(neighbour, lambda e: e["type"] == "response.done", 300)
+                    return asked, heard[0], list(slices.done)
+
+        asked, heard, done = run(go(), 600)
+        neighbour = max(set(sid for sid, _ in done), key=[sid for sid, _ in done].count)  # the ~1,300-token opening
+        mine = [i for i, (sid, _) in enumerate(done) if sid == neighbour]
+        before, after = [i for i in mine if i < heard], [i for i in mine if i >= heard]
+        print(f"{len(mine)} slices of the neighbour's prefill: {asked} done before the turn was asked, {heard} before its "
+              "first audio")
+        assert mine[0] < asked and before and after, (asked, heard, len(mine))  # slices before and after the answer,
+        assert done[before[-1]][1] < done[after[0]][1]  # of one prefill going on across it (positions onwards)
     finally:
         s.close()
 
 
 def test_a_neighbours_long_utterance_does_not_hold_up_a_turn(shared):
-    """Another session commits a ~25 s utterance (its transcription runs beside the other work, not before it): the
-    healthy session's text turn stays within 1.5x of its figure alone."""
+    """Another session commits a ~25 s utterance (its transcription runs beside the other work, not before it): a
+    healthy session's text turn asked for once it is committed has its first audio before that transcription is
+    done (in the order the events arrive, not timed: bench/neighbours.py times it)."""
     speech = np.concatenate([pcm_at(turn_file("morning", i)) for i in range(4)] * 2)[:25 * 24000]
-
-    @contextlib.asynccontextmanager
-    async def beside(k: int):  # a fresh neighbour each time (25 s of audio at once is as far ahead as one may be)
-        async with _neighbour(s, {"audio": {"input": {"turn_detection": None}}}) as neighbour:
-            for i in range(0, len(speech), 24000):
-                await neighbour.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(speech[i:i + 24000])}))
-            await neighbour.send(json.dumps({"type": "input_audio_buffer.commit"}))
-            await asyncio.sleep(0.1)  # its transcription is under way
-            yield
-            await _events_until(neighbour, lambda e: e["type"] == "response.done", 120)
-
     s = _Running(shared, ServerOptions(port=0))
     try:
-        _turns_alone_and_beside(s, beside, "long utterance", 600, rounds=5)  # 5: its figure beside is the noisiest
+        async def go():
+            order: list[str] = []
+            async with websockets.connect(s.url()) as healthy:
+                await _events_until(healthy, lambda e: e["type"] == "session.created")
+                await _text_turn(healthy)  # warm
+                async with _neighbour(s, {"audio": {"input": {"turn_detection": None}}}) as neighbour:
+                    committed = asyncio.Event()
+
+                    async def watch():  # the neighbour's events as they arrive, beside the healthy session's
+                        async with asyncio.timeout(300):
+                            while True:
+                                ev = json.loads(await neighbour.recv())
+                                if ev["type"] == "input_audio_buffer.committed":
+                                    committed.set()
+                                elif ev["type"] == "conversation.item.input_audio_transcription.completed":
+                                    order.append("neighbour transcribed")
+                                elif ev["type"] == "response.done":
+                                    return
+
+                    watcher = asyncio.create_task(watch())
+                    for i in range(0, len(speech), 24000):
+                        await neighbour.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(speech[i:i + 24000])}))
+                    await neighbour.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                    await asyncio.wait_for(committed.wait(), 60)
+                    order.append("healthy asked")
+                    await _text_turn(healthy, lambda: order.append("healthy heard"))
+                    await watcher
+            return order
+
+        order = run(go(), 600)
+        assert order == ["healthy asked", "healthy heard", "neighbour transcribed"], order
     finally:
         s.close()
 
@@ -308,9 +341,8 @@ async def _get(port: int, path: str) -> int:
 
 def test_a_reconnect_storm_does_not_hold_up_a_turn_and_is_rate_limited(shared):
     """Another client opens and aborts connections and polls /metrics as fast as it can: past its burst it gets HTTP
-    429 (the rate limit per address), and the healthy session's text turn stays within 1.5x of its figure alone."""
-    from statistics import median
-
+    429 (the rate limit per address), and the healthy session's text turns, asked for while the storm goes on, are
+    answered in full meanwhile (how much slower is bench/neighbours.py's to measure)."""
     s = _Running(shared, ServerOptions(port=0, connect_rate=5.0))
     try:
         async def go():
@@ -332,21 +364,24 @@ def test_a_reconnect_storm_does_not_hold_up_a_turn_and_is_rate_limited(shared):
 
             async with websockets.connect(s.url()) as healthy:
                 await _events_until(healthy, lambda e: e["type"] == "session.created")
-                await _text_turn_ms(healthy)  # warm
-                alone = [await _text_turn_ms(healthy) for _ in range(3)]
+                await _text_turn(healthy)  # warm
                 stop = asyncio.Event()
                 task = asyncio.create_task(storm(stop))
-                await asyncio.sleep(0.5)
-                shared_ms = [await _text_turn_ms(healthy) for _ in range(3)]
+                await wait_for(lambda: outcomes["limited"] >= 1, 60)  # the storm is past its burst
+                during = []
+                for _ in range(3):
+                    before = sum(outcomes.values())
+                    await _text_turn(healthy)
+                    during.append(sum(outcomes.values()) - before)
                 stop.set()
                 await task
-                return alone, shared_ms, outcomes
+                return during, outcomes
 
-        alone, with_storm, outcomes = run(go(), 300)
-        print(f"alone {alone}, during the storm {with_storm}, {outcomes}")
+        during, outcomes = run(go(), 300)
+        print(f"storm attempts during each turn {during}, {outcomes}")
+        assert all(n >= 1 for n in during), during  # the storm went on through every turn, and every turn was answered
         assert outcomes["limited"] > outcomes["opened"] >= 5 and outcomes["metrics"] >= 1
         assert s.server.metrics.rejected.labels("rate")._value.get() >= outcomes["limited"]
-        assert median(with_storm) <= 1.5 * median(alone), (alone, with_storm)
     finally:
         s.close()
 
