@@ -16,6 +16,10 @@ from kinds import DIRECTORY_KINDS, ENGINES, KINDS, NETWORK, UNIT, fixture_kinds,
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TESTS = Path(__file__).parent
+#: pytest-timeout's limit (s) for a test of the engines, network or browser kind that sets none itself: its fixtures'
+#: set-up counts (the first test on the model may compile the numba kernels: minutes on a busy 2-core machine), and
+#: some run a benchmark or a server whose own limits reach 600 s; the unit tests keep pyproject's ``timeout``
+SLOW_KIND_TIMEOUT_S = 900
 
 
 def pytest_report_header(config):
@@ -45,8 +49,11 @@ def _kinds(item) -> set[str]:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        for k in sorted(_kinds(item) - {m.name for m in item.iter_markers()}):
+        kinds = _kinds(item)
+        for k in sorted(kinds - {m.name for m in item.iter_markers()}):
             item.add_marker(getattr(pytest.mark, k))
+        if kinds != {UNIT} and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_KIND_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")
