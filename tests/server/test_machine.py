@@ -4,6 +4,7 @@ with the openai SDK's own models."""
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import numpy as np
@@ -357,3 +358,18 @@ def test_items_are_kept_retrieved_and_deleted():
     item = s.answer("Hi.")
     err = error(s.client(type="conversation.item.delete", item_id=item))
     assert err["code"] == "conversation_already_has_active_response"
+
+
+def test_loop_voice_and_the_stand_in_have_what_the_machine_asks():
+    from server.realtime.loop_voice import LoopVoice
+    from server.realtime.machine import Voice
+
+    members = [m for m in vars(Voice) if not m.startswith("_")]
+    assert "respond" in members and "answering" in members
+    for cls in (LoopVoice, StandInVoice):
+        for m in members:
+            want = getattr(Voice, m)
+            if isinstance(want, property):
+                assert isinstance(getattr(cls, m, None), property) or cls is StandInVoice, (cls, m)
+            else:
+                assert list(inspect.signature(getattr(cls, m)).parameters) == list(inspect.signature(want).parameters), (cls, m)
