@@ -333,8 +333,10 @@ class _TurnSpans:
                 attrs.update(self._llm_attrs(t0))
             if stage == "asr":
                 attrs["wafervox.asr.speculative"] = "pause" in s
-            if stage in ("endpoint", "turn_end_score") and r.end_of_turn:
+            if stage == "endpoint" and r.end_of_turn:
                 _put(attrs, "wafervox.end_of_turn.", r.end_of_turn)
+            if stage == "turn_end_score" and r.end_of_turn:
+                _put(attrs, "wafervox.end_of_turn.", {k: v for k, v in r.end_of_turn.items() if k in ("p_end", "p_token", "source")})
             if stage == "playout":
                 attrs["wafervox.playout.complete"] = not self.cut
             kind = SpanKind.CLIENT if stage == "llm" else SpanKind.INTERNAL

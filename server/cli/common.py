@@ -62,6 +62,55 @@ def voice_flags(sp) -> None:
                     help="the silence that ends a turn with --turn-end silence (default 400)")
 
 
+def otel_flags(sp) -> None:
+    """``--otel``: OpenTelemetry traces of each session, its turns and their stages (server/tracing.py), off by default."""
+    sp.add_argument("--otel", nargs="?", const="console", choices=("console", "otlp"), default=None,
+                    help="export OpenTelemetry traces: a span per session, per turn and per stage of a turn (endpoint, ASR, "
+                         "end-of-turn score, the LLM's 'chat MODEL' span by the GenAI conventions with its first token, TTS "
+                         "first audio, hold, playout), the turn's figures and its simulated block as attributes. 'console' "
+                         "(the default value) prints them as JSON on stderr; 'otlp' sends them over OTLP/HTTP to "
+                         "--otel-endpoint, else to $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, "
+                         "else a collector on localhost:4318. Off by default. (Put WAV files before a bare --otel)")
+    sp.add_argument("--otel-endpoint", metavar="URL",
+                    help="the OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (/v1/traces is added to a URL without a "
+                         "path); implies --otel otlp")
+    sp.add_argument("--otel-content", action="store_true",
+                    help="also put what was said (transcripts, replies, the LLM's input and output messages) on the spans "
+                         "(off by default: traces often leave the machine)")
+
+
+def otel_tracing(args):
+    """The ``Tracing`` that ``--otel`` asks for, or None (checked before the engines load)."""
+    kind, endpoint = getattr(args, "otel", None), getattr(args, "otel_endpoint", None)
+    if endpoint and kind is None:
+        kind = "otlp"
+    if kind is None:
+        if getattr(args, "otel_content", False):
+            raise CLIError("--otel-content needs --otel")
+        return None
+    if kind == "console" and endpoint:
+        raise CLIError("--otel-endpoint goes with --otel otlp, not the console")
+    from ..tracing import Tracing
+
+    try:
+        return Tracing.to(kind, endpoint, content=getattr(args, "otel_content", False))
+    except ValueError as e:
+        raise CLIError(f"--otel{'-endpoint' if endpoint else ''}: {e}") from None
+
+
+def llm_info(args, llm):
+    """What the LLM's spans say of the model ``llm`` (a ``Conversation``) answering for ``args``."""
+    from pathlib import Path
+
+    from decode.gguf_file import default_model_path
+    from ..tracing import LLMInfo
+
+    max_tokens = getattr(llm, "max_tokens", None)
+    if getattr(args, "llm", None):
+        return LLMInfo.backend(args.llm, args.llm_model, max_tokens=max_tokens)
+    return LLMInfo(provider="wafervox", model=Path(args.model or default_model_path()).stem, max_tokens=max_tokens)
+
+
 def loop_config(args):
     from dataclasses import replace
 

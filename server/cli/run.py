@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .common import CLIError, load, loop_config, print_summary, report_printer, voice_flags
+from .common import CLIError, llm_info, load, loop_config, otel_flags, otel_tracing, print_summary, report_printer, voice_flags
 
 
 def add_parser(sub) -> None:
@@ -26,15 +26,15 @@ def add_parser(sub) -> None:
     r.add_argument("--speak", action="store_true", help="also play the answers on the default sound device")
     r.add_argument("--plot", metavar="PNG", help="draw a per-turn latency waterfall")
     voice_flags(r)
+    otel_flags(r)
     r.set_defaults(func=run)
 
 
 def run(args) -> int:
     from rich.console import Console
 
-    from voice.audio import BufferSink, read_wav, write_wav
-    from voice.latency import summarize
-    from voice.replay import conversation_files, play_conversation
+    from voice.audio import read_wav
+    from voice.replay import conversation_files
 
     console = Console(stderr=args.json)
     config = loop_config(args)
@@ -49,10 +49,29 @@ def run(args) -> int:
         read_wav(f)  # a bad file is reported before the engines load
     if args.speak and not args.realtime:
         raise CLIError("--speak needs real-time pacing (drop --fast)")
+    tracing = otel_tracing(args)  # (a bad --otel is reported before the engines load)
+    try:
+        return _run(args, console, config, files, tracing)
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # exports what is queued
+
+
+def _run(args, console, config, files, tracing) -> int:
+    from voice.audio import BufferSink, write_wav
+    from voice.latency import summarize
+    from voice.replay import play_conversation
+
     engines, deployed = load(args, console)
     console.print(f"playing {len(files)} file(s) {'in real time' if args.realtime else 'as fast as possible (virtual clock)'}, "
                   f"budget {config.budget_ms:.0f} ms" + (f", answers paced to {deployed.name}" if config.pace else "") + "\n")
-    on_report = report_printer(args, console)
+    printer = report_printer(args, console)
+    session = None  # the conversation's trace (--otel)
+
+    def on_report(r) -> None:
+        printer(r)
+        if session is not None:
+            session.turn(r, usage=engines.llm.last_usage)
 
     sink = BufferSink(engines.tts.sample_rate)
     speaker = None
@@ -64,11 +83,21 @@ def run(args) -> int:
         play_to = TeeSink(sink, speaker)
     else:
         play_to = sink
+    if tracing is not None:  # (just before the loop and its clock are made: the clock's zero is the session's start)
+        session = tracing.session(llm_info(args, engines.llm), attributes={
+            "wafervox.session.source": "run", "wafervox.session.files": len(files), "wafervox.session.budget_ms": config.budget_ms,
+            "wafervox.session.clock": "real" if args.realtime else "virtual", "wafervox.deployment": deployed.name})
     try:
-        reports, _ = play_conversation(engines, files, realtime=args.realtime, config=config, on_report=on_report, sink=play_to)
+        reports, loop = play_conversation(engines, files, realtime=args.realtime, config=config, on_report=on_report, sink=play_to)
+    except BaseException as e:
+        if session is not None:
+            session.close("interrupted" if isinstance(e, KeyboardInterrupt) else "error", error=e)
+        raise
     finally:
         if speaker is not None:
             speaker.close()
+    if session is not None:
+        session.close("finished", at_s=loop.clock.now())
     summary = summarize(reports)
     if args.json:
         print(json.dumps({"summary": summary}))

@@ -357,3 +357,38 @@ def test_otlp_export_reaches_a_collector(collector):
     assert sorted(names) == sorted(["voice.session", "voice.turn", "chat m", "voice.user_speech", "voice.endpoint", "voice.asr",
                                     "voice.turn_end_score", "voice.llm.first_token", "voice.tts.first_audio", "voice.hold",
                                     "voice.playout"])
+
+
+def test_the_flags_ask_for_an_exporter_or_nothing():
+    import argparse
+
+    from server.cli.common import CLIError, llm_info, otel_flags, otel_tracing
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("wav", nargs="*")
+    otel_flags(ap)
+    assert otel_tracing(ap.parse_args(["a.wav"])) is None  # off unless asked
+    args = ap.parse_args(["a.wav", "--otel"])
+    assert args.otel == "console" and args.wav == ["a.wav"]
+    t = otel_tracing(args)
+    assert isinstance(t, Tracing) and not t.content
+    t.shutdown()
+    args = ap.parse_args(["--otel-endpoint", "http://127.0.0.1:4318"])
+    t = otel_tracing(args)  # an endpoint: otlp
+    assert isinstance(t, Tracing)
+    t.shutdown()
+    for bad, needle in ((["--otel", "console", "--otel-endpoint", "http://127.0.0.1:4318"], "otlp"),
+                        (["--otel", "otlp", "--otel-endpoint", "127.0.0.1:4318"], "--otel-endpoint"),
+                        (["--otel-content"], "needs --otel")):
+        with pytest.raises(CLIError, match=needle):
+            otel_tracing(ap.parse_args(bad))
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--otel", "jaeger"])
+
+    class Conv:
+        max_tokens = 48
+
+    local = llm_info(argparse.Namespace(llm=None, llm_model=None, model="models/tiny-llama.Q8_0.gguf"), Conv())
+    assert (local.provider, local.model, local.max_tokens) == ("wafervox", "tiny-llama.Q8_0", 48)
+    remote = llm_info(argparse.Namespace(llm="https://llm.example/v1", llm_model="qwen", model=None), Conv())
+    assert (remote.provider, remote.model, remote.server_address, remote.server_port) == ("openai", "qwen", "llm.example", 443)
