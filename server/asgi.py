@@ -154,7 +154,7 @@ class AsgiServer:
         self.config = uvicorn.Config(
             app, http=HttpProtocol, ws="websockets-sansio", lifespan="off", log_config=None, access_log=False,
             server_header=False, headers=[("Server", "wafervox")], h11_max_incomplete_event_size=MAX_HEAD_BYTES,
-            ws_max_size=ws_max_size, ws_max_queue=64, ws_ping_interval=20.0, ws_ping_timeout=20.0,
+            ws_max_size=ws_max_size, ws_ping_interval=20.0, ws_ping_timeout=20.0,
             timeout_graceful_shutdown=GRACEFUL_S, proxy_headers=bool(trusted_proxies),
             forwarded_allow_ips=list(trusted_proxies) or None)
         self.server = uvicorn.Server(self.config)

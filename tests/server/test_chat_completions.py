@@ -225,7 +225,7 @@ def test_models_and_errors_in_openai_shape(server):
     assert status == 405 and json.loads(body)["error"]["code"] == "method_not_allowed"
     assert _raw(server.port, _post(_body()).replace(b"/v1/chat/completions", b"/v1/nope"))[0] == 404
     assert _raw(server.port, f"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode())[0] == 405
-    # the first bytes split: the sniffer waits for the method either way
+    # the first bytes split: the server waits for the whole head either way
     assert _raw(server.port, b"G", b"ET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", pause_s=0.2)[0] == 200
     raw = _post(_body(max_tokens=2), auth)
     assert _raw(server.port, raw[:2], raw[2:], pause_s=0.2)[0] == 200
