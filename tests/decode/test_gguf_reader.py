@@ -28,6 +28,7 @@ def _same_as_the_gguf_package(path) -> None:
         assert np.array_equal(ours.mm[t.offset:t.offset + rt.n_bytes], np.asarray(rt.data).view(np.uint8).reshape(-1))
 
 
+@pytest.mark.engines  # reads the whole default model, twice: not a unit test
 def test_the_default_model_reads_as_the_gguf_package_reads_it():
     _same_as_the_gguf_package(default_model_path())
 

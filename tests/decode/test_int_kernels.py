@@ -382,6 +382,7 @@ print("ok")
 
 
 @pytest.mark.skipif(not simd.has_avx2(), reason="no AVX2")
+@pytest.mark.engines  # compiles the decode core from an empty cache in a subprocess: not a unit test
 def test_avx2_kernels_compile_for_a_cpu_without_avx512(tmp_path):
     """Compiled for this CPU with every AVX-512 feature off (as on an AVX2-only EPYC), the kernels
     select ``avx2`` and give the plain path's numbers (a fresh numba cache, in a subprocess)."""

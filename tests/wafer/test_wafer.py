@@ -302,6 +302,7 @@ def test_pipeline_rejects_a_placement_for_another_model(generator):
 
 # ------------------------------------------------------------------ local-cpu and the CLI
 
+@pytest.mark.engines  # measures this CPU with the decode kernels: not a unit test
 def test_local_cpu_is_measured_and_cached(tmp_path):
     from wafer.localcpu import local_cpu
 
@@ -321,6 +322,7 @@ def wafervox(*args, timeout=300):
                           timeout=timeout)
 
 
+@pytest.mark.engines  # the CLI in a subprocess
 def test_cli_sim_json_and_plot(tmp_path):
     out = wafervox("sim", "--model", "llama-3.1-70b", "--hardware", "cs3", "--sequences", "4", "--json",
                    "--plot", str(tmp_path / "sim.png"))
@@ -353,6 +355,7 @@ def test_cli_sim_runs_the_real_model_on_a_placement():
     assert bad.returncode == 2 and "shape only" in bad.stderr
 
 
+@pytest.mark.engines  # the CLI in a subprocess
 def test_cli_sim_bad_input_in_one_line():
     for args, needle in ((("--model", "gpt-9"), "unknown model"), (("--hardware", "h200", "--gpus", "8", "--model", "frontier-moe"),
                                                                     "does not fit"),
@@ -364,6 +367,7 @@ def test_cli_sim_bad_input_in_one_line():
         assert out.stderr.startswith("wafervox: error: ") and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+@pytest.mark.engines  # the CLI in a subprocess
 def test_sim_set_overrides_an_assumption():
     base = json.loads(wafervox("sim", "--json").stdout)
     slow = json.loads(wafervox("sim", "--json", "--set", "hop_latency_s=1e-3").stdout)
