@@ -31,6 +31,7 @@ from voice.loop import LoopConfig, VoiceLoop, run_until
 from voice.protocols import ASR_RATE
 
 from . import realtime as P
+from . import tracing
 from .memory import trim
 from .realtime.loop_voice import LoopVoice
 from .realtime.machine import AudioOut, Output, RealtimeConversation
@@ -88,6 +89,7 @@ class RealtimeSession:
         self._closing = threading.Event()
         self.last_message = time.monotonic()
         self._summary: dict | None = None  # kept when the session closes
+        self._trace: tracing.SessionTrace | None = None  # its OpenTelemetry spans (``wafervox serve --otel``)
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     @property
@@ -133,18 +135,23 @@ class RealtimeSession:
     # -- session thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        failed = None
         try:
             self._write([self.proto.session_created()])  # first: messages sent meanwhile wait in the inbox
             loop = VoiceLoop(self.shared.session(), sink=self, clock=RealClock(), config=self.loop_config, on_event=self._on_loop_event)
+            self._trace = tracing.open_session(self.name, loop, "stream" if self.native else "realtime")
             self.voice.start(loop)
             while not self._closing.is_set():
                 run_until(loop, loop.clock.now() + IDLE_WAIT_S, poll=self._drain)
         except Exception as e:  # a bug, or an engine failing: this session ends, the server goes on
+            failed = e
             log.exception("%s failed", self.name)
             self._write([self.proto.error(P.ProtocolError("server_error", f"the session failed: {type(e).__name__}: {e}",
                                                           type="server_error"))])
             self.close_connection(1011, "internal error")
         finally:
+            if self._trace is not None:  # (a turn cut by the end has no report: its spans were never opened)
+                self._trace.close("error" if failed else "closed", error=failed)
             self._release()
 
     def _release(self) -> None:
@@ -193,6 +200,8 @@ class RealtimeSession:
         return [P.InputAudioAppend(event_id=None, samples=samples, rate=self.proto.config.input_rate)]
 
     def _on_loop_event(self, ev: L.LoopEvent) -> None:
+        if self._trace is not None:
+            self._trace.on_event(ev)
         self._write(self.machine.on_loop_event(ev))
         if isinstance(ev, L.TurnEnded):
             self.voice.boundary()  # (else at the next turn boundary)

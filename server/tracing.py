@@ -30,6 +30,7 @@ cancel, a failed backend) ends at the cut, with ``wafervox.cut`` set to why.  Ev
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 import time
@@ -48,6 +49,7 @@ from voice.latency import TurnReport
 EXPORTERS = ("console", "otlp")
 OTLP_TRACES_PATH = "/v1/traces"
 INSTRUMENTATION = "wafervox.voice"
+log = logging.getLogger("wafervox.tracing")
 
 #: stage, span name, start mark, end mark, the latency figure of the report it carries, and whether it ends at the cut
 #: when the turn was cut before its end mark (a stage of the answer's work) or has no span then
@@ -185,6 +187,36 @@ def _version() -> str:
         return "unknown"
 
 
+#: the process's tracing for the server's sessions (``install``), None: off
+_installed: Tracing | None = None
+_installed_llm: LLMInfo | None = None
+_installed_attributes: dict = {}
+
+
+def install(tracing: Tracing | None, llm: LLMInfo | None = None, attributes: dict | None = None) -> None:
+    """Trace every server session of this process from now on (``wafervox serve --otel``; None: stop), their LLM spans
+    saying ``llm``, their session spans carrying ``attributes`` too (the deployment, ...)."""
+    global _installed, _installed_llm, _installed_attributes
+    _installed, _installed_llm, _installed_attributes = tracing, llm, dict(attributes or {})
+
+
+def installed() -> Tracing | None:
+    return _installed
+
+
+def open_session(name: str, loop, transport: str) -> SessionTrace | None:
+    """A server session's trace, when tracing is installed (else None): its span starts now, on ``loop``'s clock, and its
+    LLM spans read their token counts from the loop's conversation (``Conversation.last_usage``) as each turn ends."""
+    t = _installed
+    if t is None:
+        return None
+    st = t.session(_installed_llm, now=loop.clock.now, server=True,
+                   attributes={**_installed_attributes, "wafervox.session.source": "serve", "wafervox.session.name": name,
+                               "wafervox.session.transport": transport})
+    st.usage_of = lambda: getattr(loop.e.llm, "last_usage", None)
+    return st
+
+
 class SessionTrace:
     """One session's spans.  ``turn(report)`` for each finished turn (``on_event`` does it from the loop's
     ``TurnEnded``), ``close()`` at the end, however it ends; use it as a context manager, or call ``close`` in a
@@ -201,6 +233,8 @@ class SessionTrace:
         self._lock = threading.Lock()
         self._closed = False
         self._last_s = start  # the latest loop time a span reached
+        #: where ``on_event`` reads a turn's token counts when it is not given them (``open_session``)
+        self.usage_of: Callable[[], object] | None = None
         self.turns = 0
         self.within_budget = 0
         self.barge_ins = 0
@@ -222,11 +256,19 @@ class SessionTrace:
 
     def on_event(self, ev: L.LoopEvent, usage=None) -> None:
         """Follow the loop (``VoiceLoop(on_event=...)``): a turn's spans when it ends; ``usage`` its LLM's token counts
-        (``Conversation.last_usage``)."""
+        (``Conversation.last_usage``).  Tracing never ends a session: a failure here is logged and the event dropped."""
+        try:
+            self._on_event(ev, usage)
+        except Exception:
+            log.exception("tracing: %s dropped", type(ev).__name__)
+
+    def _on_event(self, ev: L.LoopEvent, usage) -> None:
         if isinstance(ev, L.TurnEnded):
             if ev.report is None:
                 self.non_speech += 1
                 return
+            if usage is None and self.usage_of is not None:
+                usage = self.usage_of()
             self.turn(ev.report, reason=ev.reason, error=ev.error, called=ev.called, usage=usage)
         elif isinstance(ev, L.IdleTimeout) and not self._closed:
             self.span.add_event("idle_timeout", {"wafervox.idle.start_sample": ev.start_sample,
@@ -254,6 +296,7 @@ class SessionTrace:
             if self._closed:
                 return
             self._closed = True
+            self.usage_of = None  # (it holds the loop)
         end = at_s if at_s is not None else time.perf_counter() - self._wall0
         end = max(end, self._last_s)
         s = self.span
