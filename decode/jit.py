@@ -8,10 +8,14 @@ from numba.core.registry import CPUDispatcher
 def _dispatchers():
     from . import ops, qint, quant, step_ops
 
-    for mod in (quant, qint, step_ops, ops):
-        for obj in vars(mod).values():
-            if isinstance(obj, CPUDispatcher):
-                yield obj
+    found = [obj for mod in (quant, qint, step_ops, ops) for obj in vars(mod).values()]
+    for kernels in qint.KERNELS.values():  # each path's kernels (``qint._instantiate``), and its layer stack
+        found += [kernels.matvec, kernels.block_isums, step_ops.LAYERS[kernels.name]]
+    seen = set()
+    for obj in found:
+        if isinstance(obj, CPUDispatcher) and id(obj) not in seen:
+            seen.add(id(obj))
+            yield obj
 
 
 def compile_counts() -> dict[str, int]:

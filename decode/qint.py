@@ -32,7 +32,9 @@ Three implementations of the integer sums, chosen at load from the CPU (``select
 VNNI through ``decode.simd``'s intrinsics (with the quants prefetched ``PREFETCH_BYTES`` ahead),
 the same kernels with AVX2's ``pmaddubsw`` + ``pmaddwd`` for the sums (CPUs without VNNI), and
 plain numba loops for any other CPU.  All produce the same int32 sums and share ``combine`` (no
-fast-math: every float operation in a fixed order), so their results are identical.  Every
+fast-math: every float operation in a fixed order), so their results are identical.  Each kernel is
+written once (``_instantiate``) and compiled per path, with the path's name a constant that picks
+its integer sums at compile time (see "the paths" below).  Every
 kernel takes ``B`` activation rows (batched decode, B up to 8): each weight block is read and
 unpacked once for all of them.
 """
@@ -252,7 +254,21 @@ def _prepare(x, prep, norm, eps, xn, xq, xd, xs, xm):
     return x.shape[1]
 
 
-# -- the float half, shared by both integer implementations ---------------------------------------
+# -- the paths -------------------------------------------------------------------------------------
+# One source per kernel for all three paths: ``_instantiate(kind)`` compiles the kernels below with the path's
+# name as a constant, and the few steps that differ per path branch on it (``if kind == "vnni"``).  numba drops
+# the branches of the other paths (its dead-branch pruning, on a constant) before it types a kernel, so a path
+# compiles only its own integer sums (the avx2 and plain kernels never an AVX-512 intrinsic), and numba caches
+# each path's kernels like any function (a closure over a string is keyed by the string).
+
+
+def path_jit(fn, kind: str, **options):
+    """``fn`` (a closure over ``kind``) compiled as ``<name>_<kind>`` (the name profiles and the numba cache show)."""
+    fn.__name__ = fn.__qualname__ = f"{fn.__name__}_{kind}"
+    return njit(**_JIT, **options)(fn)
+
+
+# -- the float half, shared by every path ----------------------------------------------------------
 
 
 @njit(inline="always", **_JIT)
@@ -268,6 +284,15 @@ def combine(q4_1, off, dsc, msc, isum, dx, sx, mx, acc, s):
         c = off * sx
         for r in range(LANES):
             acc[s, r] = acc[s, r] + (dsc[r] * dx) * np.float32(isum[r] - c)
+
+
+@njit(inline="always", **_JIT)
+def _vcombine(q4_1, off, d, m, a, dx, sx, mx, acc):
+    """``combine`` on vectors (the vector paths): the same float operations in the same order."""
+    if q4_1:
+        t = simd.fmul(simd.fmul(d, simd.fsplat(dx)), simd.vtofloat(a))
+        return simd.fadd(acc, simd.fadd(t, simd.fmul(m, simd.fsplat(mx))))
+    return simd.fadd(acc, simd.fmul(simd.fmul(d, simd.fsplat(dx)), simd.vtofloat(simd.vsub(a, simd.vsplat(off * sx)))))
 
 
 @njit(inline="always", **_JIT)
@@ -291,7 +316,74 @@ def _offset(qtype):
     return 128 if qtype == _Q8_0 else (8 if qtype == _Q4_0 else 0)
 
 
-# -- integer sums: AVX-512 VNNI -----------------------------------------------------------------
+# -- integer sums: AVX-512 VNNI ------------------------------------------------------------------
+
+
+@njit(inline="always", **_JIT)
+def _chains_vnni(w, xq, xo, step, odd):
+    """Per lane, the sums of the 8 unpacked groups ``w`` times their 4 activations: group ``2k`` at
+    ``xq[xo + k * step]``, group ``2k + 1`` at ``xq[xo + odd + k * step]`` (two independent chains of
+    ``vpdpbusd``, added at the end: integer sums, so the same result)."""
+    z = simd.vsplat(np.int32(0))
+    a = simd.vdpbusd(z, w[0], simd.vbcast4(xq, xo))
+    b = simd.vdpbusd(z, w[1], simd.vbcast4(xq, xo + odd))
+    a = simd.vdpbusd(a, w[2], simd.vbcast4(xq, xo + step))
+    b = simd.vdpbusd(b, w[3], simd.vbcast4(xq, xo + odd + step))
+    a = simd.vdpbusd(a, w[4], simd.vbcast4(xq, xo + 2 * step))
+    b = simd.vdpbusd(b, w[5], simd.vbcast4(xq, xo + odd + 2 * step))
+    a = simd.vdpbusd(a, w[6], simd.vbcast4(xq, xo + 3 * step))
+    b = simd.vdpbusd(b, w[7], simd.vbcast4(xq, xo + odd + 3 * step))
+    return simd.vadd(a, b)
+
+
+# -- integer sums: AVX2 --------------------------------------------------------------------------
+# AVX2's pmaddubsw + pmaddwd for the sums (simd.vdpbusd_avx2, vdpbusd_q8_avx2), for CPUs without AVX-512
+# VNNI; LLVM splits the 512-bit vectors into two 256-bit halves.  Q8_0's sums come out as
+# S - 128 * sx (its codes less 128), so its offset is applied already: the same float operations
+# follow on the same values.
+
+
+@njit(inline="always", **_JIT)
+def _chain_avx2(q8, w, xq, xo, step, odd):
+    """``_chains_vnni`` on AVX2 in one chain, groups in order (``q8``: Q8_0's codes, ``simd.vdpbusd_q8_avx2``)."""
+    a = simd.vsplat(np.int32(0))
+    for k in range(4):
+        a = _vdpbusd_avx2(q8, a, w[2 * k], simd.vbcast4(xq, xo + k * step))
+        a = _vdpbusd_avx2(q8, a, w[2 * k + 1], simd.vbcast4(xq, xo + odd + k * step))
+    return a
+
+
+@njit(inline="always", **_JIT)
+def _vdpbusd_avx2(q8, acc, u, s):
+    return simd.vdpbusd_q8_avx2(acc, u, s) if q8 else simd.vdpbusd_avx2(acc, u, s)
+
+
+@njit(inline="always", **_JIT)
+def _q4_dot(kind, w, xq, xo):
+    """Per lane, the int32 sums of the unpacked Q4 tile block ``w`` (lo0, hi0, lo1, ..: elements ``4g..`` and
+    ``16 + 4g..``) times activations ``xq[xo : xo + 32]``, on path ``kind`` (``vnni`` or ``avx2``)."""
+    if kind == "vnni":
+        return _chains_vnni(w, xq, xo, 4, 16)
+    return _chain_avx2(False, w, xq, xo, 4, 16)
+
+
+@njit(inline="always", **_JIT)
+def _q8_dot(kind, w, xq, xo):
+    """``_q4_dot`` for a Q8_0 tile block (its 8 groups in order: elements ``4g..``); AVX2's sums are less ``128 * sx``."""
+    if kind == "vnni":
+        return _chains_vnni(w, xq, xo, 8, 4)
+    return _chain_avx2(True, w, xq, xo, 8, 4)
+
+
+@njit(inline="always", **_JIT)
+def _sums_offset(kind, qtype):
+    """The offset ``off`` of the combine for ``qtype``'s sums on vector path ``kind`` (AVX2's Q8_0 sums have it applied)."""
+    if kind == "avx2" and qtype == _Q8_0:
+        return 0
+    return _offset(qtype)
+
+
+# -- the vector paths' tiles (VNNI, AVX2) --------------------------------------------------------
 
 
 @njit(inline="always", **_JIT)
@@ -307,55 +399,17 @@ def _q4_unpack(qs, base):
 
 
 @njit(inline="always", **_JIT)
-def _q4_dot(w, xq, xo):
-    """Sums of the unpacked Q4 block ``w`` times activations ``xq[xo : xo + 32]``, per lane (two
-    independent chains of ``vpdpbusd``, added at the end: integer sums, so the same result)."""
-    z = simd.vsplat(np.int32(0))
-    a = simd.vdpbusd(z, w[0], simd.vbcast4(xq, xo))
-    b = simd.vdpbusd(z, w[1], simd.vbcast4(xq, xo + 16))
-    a = simd.vdpbusd(a, w[2], simd.vbcast4(xq, xo + 4))
-    b = simd.vdpbusd(b, w[3], simd.vbcast4(xq, xo + 20))
-    a = simd.vdpbusd(a, w[4], simd.vbcast4(xq, xo + 8))
-    b = simd.vdpbusd(b, w[5], simd.vbcast4(xq, xo + 24))
-    a = simd.vdpbusd(a, w[6], simd.vbcast4(xq, xo + 12))
-    b = simd.vdpbusd(b, w[7], simd.vbcast4(xq, xo + 28))
-    return simd.vadd(a, b)
-
-
-@njit(inline="always", **_JIT)
 def _q8_load(qs, base):
     return (simd.vload(qs, base), simd.vload(qs, base + 64), simd.vload(qs, base + 128), simd.vload(qs, base + 192),
             simd.vload(qs, base + 256), simd.vload(qs, base + 320), simd.vload(qs, base + 384), simd.vload(qs, base + 448))
 
 
 @njit(inline="always", **_JIT)
-def _q8_dot(w, xq, xo):
-    z = simd.vsplat(np.int32(0))
-    a = simd.vdpbusd(z, w[0], simd.vbcast4(xq, xo))
-    b = simd.vdpbusd(z, w[1], simd.vbcast4(xq, xo + 4))
-    a = simd.vdpbusd(a, w[2], simd.vbcast4(xq, xo + 8))
-    b = simd.vdpbusd(b, w[3], simd.vbcast4(xq, xo + 12))
-    a = simd.vdpbusd(a, w[4], simd.vbcast4(xq, xo + 16))
-    b = simd.vdpbusd(b, w[5], simd.vbcast4(xq, xo + 20))
-    a = simd.vdpbusd(a, w[6], simd.vbcast4(xq, xo + 24))
-    b = simd.vdpbusd(b, w[7], simd.vbcast4(xq, xo + 28))
-    return simd.vadd(a, b)
-
-
-@njit(inline="always", **_JIT)
-def _vcombine(q4_1, off, d, m, a, dx, sx, mx, acc):
-    """``combine`` on vectors (the VNNI path): the same float operations in the same order."""
-    if q4_1:
-        t = simd.fmul(simd.fmul(d, simd.fsplat(dx)), simd.vtofloat(a))
-        return simd.fadd(acc, simd.fadd(t, simd.fmul(m, simd.fsplat(mx))))
-    return simd.fadd(acc, simd.fmul(simd.fmul(d, simd.fsplat(dx)), simd.vtofloat(simd.vsub(a, simd.vsplat(off * sx)))))
-
-
-@njit(inline="always", **_JIT)
-def _dot_vnni(is_q8, qs, base, xq, xo):
+def _dot(kind, is_q8, qs, base, xq, xo):
+    """The 16 lanes' int32 sums of the tile block at ``qs[base]`` times activations ``xq[xo : xo + 32]``."""
     if is_q8:
-        return _q8_dot(_q8_load(qs, base), xq, xo)
-    return _q4_dot(_q4_unpack(qs, base), xq, xo)
+        return _q8_dot(kind, _q8_load(qs, base), xq, xo)
+    return _q4_dot(kind, _q4_unpack(qs, base), xq, xo)
 
 
 #: How far ahead of the block being read its quants are prefetched (bytes; measured: 1 KiB 20%
@@ -380,211 +434,68 @@ def _prefetch_ahead(qs, base, is_q8):
 
 
 @njit(inline="always", **_JIT)
-def _tile1_vnni(qtype, qs, dh, mh, xq, xd, xs, xm, t, acc):
-    """One activation row: the 16 lanes' accumulator stays in a register over the blocks."""
-    nb, nbytes = qs.shape[1], qs.shape[2]
-    q4_1, is_q8, off = qtype == _Q4_1, qtype == _Q8_0, _offset(qtype)
-    v = simd.fsplat(np.float32(0.0))
-    for blk in range(nb):
-        hb = (t * nb + blk) * LANES
-        base = (t * nb + blk) * nbytes
-        _prefetch_ahead(qs, base, is_q8)
-        d = simd.fhalves(dh, hb)
-        m = simd.fhalves(mh, hb) if q4_1 else d
-        a = _dot_vnni(is_q8, qs, base, xq, blk * 32)
-        v = _vcombine(q4_1, off, d, m, a, xd[blk], xs[blk], xm[blk], v)
-    simd.fstore(acc, 0, v)
+def _block_head(qs, dh, mh, t, blk, q4_1, is_q8):
+    """Tile ``t``'s block ``blk``: where its quants start in ``qs`` (the block ``PREFETCH_BYTES`` further is
+    prefetched), and its scales and mins as float32 vectors."""
+    nb = qs.shape[1]
+    hb = (t * nb + blk) * LANES
+    base = (t * nb + blk) * qs.shape[2]
+    _prefetch_ahead(qs, base, is_q8)
+    d = simd.fhalves(dh, hb)
+    return base, d, simd.fhalves(mh, hb) if q4_1 else d
 
 
 @njit(inline="always", **_JIT)
-def _tile_vnni(qtype, qs, dh, mh, xq, xd, xs, xm, n, t, acc):
-    """``B`` rows: each block's quants are loaded and unpacked once, then used for every row."""
-    B = acc.shape[0]
-    nb, nbytes = qs.shape[1], qs.shape[2]
-    q4_1, off = qtype == _Q4_1, _offset(qtype)
-    zero = simd.fsplat(np.float32(0.0))
-    for s in range(B):
-        simd.fstore(acc, s * LANES, zero)
-    for blk in range(nb):
-        hb = (t * nb + blk) * LANES
-        base = (t * nb + blk) * nbytes
-        _prefetch_ahead(qs, base, qtype == _Q8_0)
-        d = simd.fhalves(dh, hb)
-        m = simd.fhalves(mh, hb) if q4_1 else d
-        if qtype == _Q8_0:
-            w = _q8_load(qs, base)
-            for s in range(B):
-                a = _q8_dot(w, xq, s * n + blk * 32)
-                i = s * nb + blk
-                simd.fstore(acc, s * LANES, _vcombine(q4_1, off, d, m, a, xd[i], xs[i], xm[i], simd.fload(acc, s * LANES)))
-        else:
-            w = _q4_unpack(qs, base)
-            for s in range(B):
-                a = _q4_dot(w, xq, s * n + blk * 32)
-                i = s * nb + blk
-                simd.fstore(acc, s * LANES, _vcombine(q4_1, off, d, m, a, xd[i], xs[i], xm[i], simd.fload(acc, s * LANES)))
+def _rows(kind, is_q8, w, q4_1, off, d, m, xq, xd, xs, xm, n, nb, blk, acc):
+    """Block ``blk``'s unpacked quants ``w`` times each row's activations, added into the row's ``acc[s]``."""
+    for s in range(acc.shape[0]):
+        a = _q8_dot(kind, w, xq, s * n + blk * 32) if is_q8 else _q4_dot(kind, w, xq, s * n + blk * 32)
+        i = s * nb + blk
+        simd.fstore(acc, s * LANES, _vcombine(q4_1, off, d, m, a, xd[i], xs[i], xm[i], simd.fload(acc, s * LANES)))
 
 
-@njit(parallel=True, **_JIT)
-def qmatvec_vnni(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add):
-    """``out[s] (+)= W . x[s]`` for the ``B`` rows of ``x (B, cols)``, ``W`` a ``PackedMatrix``'s
-    ``qs, d, m`` of type ``qtype``; ``out (B, rows)`` is overwritten, or added to when ``add``.
-    The input is ``x`` as it is (``prep`` PREP_NONE), RMS-normalized times ``norm`` into ``xn``
-    (PREP_RMSNORM, ``ops.rmsnorm``), or with PREP_SWIGLU ``silu(gate) * up`` of ``x (B, 2 * cols)``
-    (gate | up; written over the gate half).  ``xq, xd, xs, xm`` (flat, at least ``B * cols`` and
-    ``B * cols / 32``) receive the input quantized."""
-    _check(qs, x, prep, out, xq)
-    n = _prepare(x, prep, norm, eps, xn, xq, xd, xs, xm)
-    B, rows = out.shape
-    for t in prange(qs.shape[0]):
-        acc = np.empty((B, LANES), np.float32)  # hoisted by numba: one per thread and call
-        if B == 1:
-            _tile1_vnni(qtype, qs, dh, mh, xq, xd, xs, xm, t, acc)
-        else:
-            _tile_vnni(qtype, qs, dh, mh, xq, xd, xs, xm, n, t, acc)
-        _store(acc, out, t, rows, add)
-
-
-@njit(**_JIT)
-def block_isums_vnni(qtype, qs, xq, n, out):
-    """The raw int32 block sums ``out[s, row, b] = sum(u * q)`` of the VNNI path (for the tests)."""
-    ntiles, nb, nbytes = qs.shape
-    isum = np.empty(LANES, np.int32)
-    for t in range(ntiles):
+@njit(inline="always", **_JIT)
+def _tile_simd(kind, qtype, qs, dh, mh, xq, xd, xs, xm, n, t, acc):
+    """Tile ``t``'s 16 rows times the ``B`` activation rows into ``acc (B, 16)``, 16 lanes at a time."""
+    nb = qs.shape[1]
+    q4_1, is_q8, off = qtype == _Q4_1, qtype == _Q8_0, _sums_offset(kind, qtype)
+    if acc.shape[0] == 1:  # one row: the 16 lanes' accumulator stays in a register over the blocks
+        v = simd.fsplat(np.float32(0.0))
         for blk in range(nb):
-            base = (t * nb + blk) * nbytes
-            for s in range(out.shape[0]):
-                simd.vstore(isum, 0, _dot_vnni(qtype == _Q8_0, qs, base, xq, s * n + blk * 32))
-                for r in range(LANES):
-                    out[s, t * LANES + r, blk] = isum[r]
-
-
-# -- integer sums: AVX2 --------------------------------------------------------------------------
-# The VNNI kernels with AVX2's pmaddubsw + pmaddwd for the sums (simd.vdpbusd_avx2, _q8_avx2), for
-# CPUs without AVX-512 VNNI; LLVM splits the 512-bit vectors into two 256-bit halves.  Q8_0's sums
-# come out as S - 128 * sx (its codes less 128), so its offset is applied already: the same float
-# operations follow on the same values.
-
-
-@njit(inline="always", **_JIT)
-def _offset_avx2(qtype):
-    return 0 if qtype == _Q8_0 else _offset(qtype)
-
-
-@njit(inline="always", **_JIT)
-def _q4_dot_avx2(w, xq, xo):
-    a = simd.vdpbusd_avx2(simd.vsplat(np.int32(0)), w[0], simd.vbcast4(xq, xo))
-    a = simd.vdpbusd_avx2(a, w[1], simd.vbcast4(xq, xo + 16))
-    a = simd.vdpbusd_avx2(a, w[2], simd.vbcast4(xq, xo + 4))
-    a = simd.vdpbusd_avx2(a, w[3], simd.vbcast4(xq, xo + 20))
-    a = simd.vdpbusd_avx2(a, w[4], simd.vbcast4(xq, xo + 8))
-    a = simd.vdpbusd_avx2(a, w[5], simd.vbcast4(xq, xo + 24))
-    a = simd.vdpbusd_avx2(a, w[6], simd.vbcast4(xq, xo + 12))
-    return simd.vdpbusd_avx2(a, w[7], simd.vbcast4(xq, xo + 28))
-
-
-@njit(inline="always", **_JIT)
-def _q8_dot_avx2(w, xq, xo):
-    a = simd.vdpbusd_q8_avx2(simd.vsplat(np.int32(0)), w[0], simd.vbcast4(xq, xo))
-    for g in range(1, 8):
-        a = simd.vdpbusd_q8_avx2(a, w[g], simd.vbcast4(xq, xo + 4 * g))
-    return a
-
-
-@njit(inline="always", **_JIT)
-def _dot_avx2(is_q8, qs, base, xq, xo):
-    if is_q8:
-        return _q8_dot_avx2(_q8_load(qs, base), xq, xo)
-    return _q4_dot_avx2(_q4_unpack(qs, base), xq, xo)
-
-
-@njit(inline="always", **_JIT)
-def _tile1_avx2(qtype, qs, dh, mh, xq, xd, xs, xm, t, acc):
-    """``_tile1_vnni`` on AVX2."""
-    nb, nbytes = qs.shape[1], qs.shape[2]
-    q4_1, is_q8, off = qtype == _Q4_1, qtype == _Q8_0, _offset_avx2(qtype)
-    v = simd.fsplat(np.float32(0.0))
-    for blk in range(nb):
-        hb = (t * nb + blk) * LANES
-        base = (t * nb + blk) * nbytes
-        _prefetch_ahead(qs, base, is_q8)
-        d = simd.fhalves(dh, hb)
-        m = simd.fhalves(mh, hb) if q4_1 else d
-        a = _dot_avx2(is_q8, qs, base, xq, blk * 32)
-        v = _vcombine(q4_1, off, d, m, a, xd[blk], xs[blk], xm[blk], v)
-    simd.fstore(acc, 0, v)
-
-
-@njit(inline="always", **_JIT)
-def _tile_avx2(qtype, qs, dh, mh, xq, xd, xs, xm, n, t, acc):
-    """``_tile_vnni`` on AVX2."""
-    B = acc.shape[0]
-    nb, nbytes = qs.shape[1], qs.shape[2]
-    q4_1, off = qtype == _Q4_1, _offset_avx2(qtype)
-    zero = simd.fsplat(np.float32(0.0))
-    for s in range(B):
-        simd.fstore(acc, s * LANES, zero)
-    for blk in range(nb):
-        hb = (t * nb + blk) * LANES
-        base = (t * nb + blk) * nbytes
-        _prefetch_ahead(qs, base, qtype == _Q8_0)
-        d = simd.fhalves(dh, hb)
-        m = simd.fhalves(mh, hb) if q4_1 else d
-        if qtype == _Q8_0:
-            w = _q8_load(qs, base)
-            for s in range(B):
-                a = _q8_dot_avx2(w, xq, s * n + blk * 32)
-                i = s * nb + blk
-                simd.fstore(acc, s * LANES, _vcombine(q4_1, off, d, m, a, xd[i], xs[i], xm[i], simd.fload(acc, s * LANES)))
-        else:
-            w = _q4_unpack(qs, base)
-            for s in range(B):
-                a = _q4_dot_avx2(w, xq, s * n + blk * 32)
-                i = s * nb + blk
-                simd.fstore(acc, s * LANES, _vcombine(q4_1, off, d, m, a, xd[i], xs[i], xm[i], simd.fload(acc, s * LANES)))
-
-
-@njit(parallel=True, **_JIT)
-def qmatvec_avx2(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add):
-    """``qmatvec_vnni`` on AVX2 (``pmaddubsw`` + ``pmaddwd``): the same sums, the same results."""
-    _check(qs, x, prep, out, xq)
-    n = _prepare(x, prep, norm, eps, xn, xq, xd, xs, xm)
-    B, rows = out.shape
-    for t in prange(qs.shape[0]):
-        acc = np.empty((B, LANES), np.float32)  # hoisted by numba: one per thread and call
-        if B == 1:
-            _tile1_avx2(qtype, qs, dh, mh, xq, xd, xs, xm, t, acc)
-        else:
-            _tile_avx2(qtype, qs, dh, mh, xq, xd, xs, xm, n, t, acc)
-        _store(acc, out, t, rows, add)
-
-
-@njit(**_JIT)
-def block_isums_avx2(qtype, qs, xq, n, out):
-    """The raw int32 block sums of the AVX2 path (Q8_0's with its ``128 * sx`` added back, as the
-    other paths give them)."""
-    ntiles, nb, nbytes = qs.shape
-    isum = np.empty(LANES, np.int32)
-    for t in range(ntiles):
+            base, d, m = _block_head(qs, dh, mh, t, blk, q4_1, is_q8)
+            v = _vcombine(q4_1, off, d, m, _dot(kind, is_q8, qs, base, xq, blk * 32), xd[blk], xs[blk], xm[blk], v)
+        simd.fstore(acc, 0, v)
+    else:  # B rows: each block's quants are loaded and unpacked once, then used for every row
+        zero = simd.fsplat(np.float32(0.0))
+        for s in range(acc.shape[0]):
+            simd.fstore(acc, s * LANES, zero)
         for blk in range(nb):
-            base = (t * nb + blk) * nbytes
-            for s in range(out.shape[0]):
-                simd.vstore(isum, 0, _dot_avx2(qtype == _Q8_0, qs, base, xq, s * n + blk * 32))
-                if qtype == _Q8_0:
-                    sx = np.int32(0)
-                    for j in range(32):
-                        sx += np.int32(xq[s * n + blk * 32 + j])
-                    for r in range(LANES):
-                        isum[r] += np.int32(128) * sx
-                for r in range(LANES):
-                    out[s, t * LANES + r, blk] = isum[r]
+            base, d, m = _block_head(qs, dh, mh, t, blk, q4_1, is_q8)
+            if is_q8:
+                _rows(kind, True, _q8_load(qs, base), q4_1, off, d, m, xq, xd, xs, xm, n, nb, blk, acc)
+            else:
+                _rows(kind, False, _q4_unpack(qs, base), q4_1, off, d, m, xq, xd, xs, xm, n, nb, blk, acc)
+
+
+@njit(inline="always", **_JIT)
+def _isums_simd(kind, qtype, qs, t, blk, xq, xo, isum):
+    """``isum[r] = sum(u * q)`` for the 16 lanes of tile ``t``'s block ``blk``, activations from ``xq[xo]`` (AVX2's
+    Q8_0 sums with their ``128 * sx`` added back, as the other paths give them)."""
+    simd.vstore(isum, 0, _dot(kind, qtype == _Q8_0, qs, (t * qs.shape[1] + blk) * qs.shape[2], xq, xo))
+    back = _offset(qtype) - _sums_offset(kind, qtype)
+    if back != 0:
+        sx = np.int32(0)
+        for j in range(32):
+            sx += np.int32(xq[xo + j])
+        for r in range(LANES):
+            isum[r] += np.int32(back) * sx
 
 
 # -- integer sums: plain numba ------------------------------------------------------------------
 
 
 @njit(inline="always", **_JIT)
-def _isum_plain(qtype, qs, t, blk, xq, xo, isum):
+def _isums_plain(qtype, qs, t, blk, xq, xo, isum):
     """``isum[r] = sum(u * q)`` for the 16 lanes of tile ``t``'s block ``blk``, activations from ``xq[xo]``."""
     if qtype == _Q8_0:
         for r in range(LANES):
@@ -603,42 +514,66 @@ def _isum_plain(qtype, qs, t, blk, xq, xo, isum):
             isum[r] = a
 
 
-@njit(parallel=True, **_JIT)
-def qmatvec_plain(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add):
-    """``qmatvec_vnni`` in plain numba (any CPU): the same sums, the same combine, the same results."""
-    _check(qs, x, prep, out, xq)
-    n = _prepare(x, prep, norm, eps, xn, xq, xd, xs, xm)
-    B, rows = out.shape
+@njit(inline="always", **_JIT)
+def _tile_plain(qtype, qs, dh, mh, xq, xd, xs, xm, n, t, acc):
+    """``_tile_simd`` in plain numba (any CPU): the same sums, the same combine on scalars, the same results."""
     nb = qs.shape[1]
     q4_1 = qtype == _Q4_1
     off = _offset(qtype)
-    for t in prange(qs.shape[0]):
-        dsc = np.empty(LANES, np.float32)
-        msc = np.zeros(LANES, np.float32)
-        isum = np.empty(LANES, np.int32)
-        acc = np.zeros((B, LANES), np.float32)
-        for blk in range(nb):
-            _halves_table(dh, t, blk, dsc)
-            if q4_1:
-                _halves_table(mh, t, blk, msc)
-            for s in range(B):
-                _isum_plain(qtype, qs, t, blk, xq, s * n + blk * 32, isum)
-                i = s * nb + blk
-                combine(q4_1, off, dsc, msc, isum, xd[i], xs[i], xm[i], acc, s)
-        _store(acc, out, t, rows, add)
-
-
-@njit(**_JIT)
-def block_isums_plain(qtype, qs, xq, n, out):
-    """``block_isums_vnni`` in plain numba."""
-    ntiles, nb, _ = qs.shape
+    dsc = np.empty(LANES, np.float32)
+    msc = np.zeros(LANES, np.float32)
     isum = np.empty(LANES, np.int32)
-    for t in range(ntiles):
-        for blk in range(nb):
-            for s in range(out.shape[0]):
-                _isum_plain(qtype, qs, t, blk, xq, s * n + blk * 32, isum)
-                for r in range(LANES):
-                    out[s, t * LANES + r, blk] = isum[r]
+    acc[:] = np.float32(0.0)
+    for blk in range(nb):
+        _halves_table(dh, t, blk, dsc)
+        if q4_1:
+            _halves_table(mh, t, blk, msc)
+        for s in range(acc.shape[0]):
+            _isums_plain(qtype, qs, t, blk, xq, s * n + blk * 32, isum)
+            combine(q4_1, off, dsc, msc, isum, xd[s * nb + blk], xs[s * nb + blk], xm[s * nb + blk], acc, s)
+
+
+# -- the kernels, once for every path ----------------------------------------------------------------
+
+
+def _instantiate(kind: str) -> IntKernels:
+    """Path ``kind``'s kernels: the functions below with ``kind`` a constant (compiled, or loaded from numba's
+    cache, at their first call: only the path a process uses is ever compiled).  ``vector`` is a constant too: numba
+    drops the branch of the other kind of path before it types the kernel."""
+    vector = kind != "plain"
+
+    def qmatvec(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add):
+        """``out[s] (+)= W . x[s]`` for the ``B`` rows of ``x (B, cols)``, ``W`` a ``PackedMatrix``'s
+        ``qs, d, m`` of type ``qtype``; ``out (B, rows)`` is overwritten, or added to when ``add``.
+        The input is ``x`` as it is (``prep`` PREP_NONE), RMS-normalized times ``norm`` into ``xn``
+        (PREP_RMSNORM, ``ops.rmsnorm``), or with PREP_SWIGLU ``silu(gate) * up`` of ``x (B, 2 * cols)``
+        (gate | up; written over the gate half).  ``xq, xd, xs, xm`` (flat, at least ``B * cols`` and
+        ``B * cols / 32``) receive the input quantized."""
+        _check(qs, x, prep, out, xq)
+        n = _prepare(x, prep, norm, eps, xn, xq, xd, xs, xm)
+        B, rows = out.shape
+        for t in prange(qs.shape[0]):
+            acc = np.empty((B, LANES), np.float32)  # hoisted by numba: one per thread and call
+            if vector:
+                _tile_simd(kind, qtype, qs, dh, mh, xq, xd, xs, xm, n, t, acc)
+            else:
+                _tile_plain(qtype, qs, dh, mh, xq, xd, xs, xm, n, t, acc)
+            _store(acc, out, t, rows, add)
+
+    def block_isums(qtype, qs, xq, n, out):
+        """The raw int32 block sums ``out[s, row, b] = sum(u * q)`` of the path (for the tests)."""
+        isum = np.empty(LANES, np.int32)
+        for t in range(qs.shape[0]):
+            for blk in range(qs.shape[1]):
+                for s in range(out.shape[0]):
+                    if vector:
+                        _isums_simd(kind, qtype, qs, t, blk, xq, s * n + blk * 32, isum)
+                    else:
+                        _isums_plain(qtype, qs, t, blk, xq, s * n + blk * 32, isum)
+                    for r in range(LANES):
+                        out[s, t * LANES + r, blk] = isum[r]
+
+    return IntKernels(kind, path_jit(qmatvec, kind, parallel=True), path_jit(block_isums, kind))
 
 
 # -- choosing the implementation ----------------------------------------------------------------
@@ -649,7 +584,7 @@ class IntKernels:
     """The integer kernels one model uses: ``name`` is ``"vnni"``, ``"avx2"`` or ``"plain"``."""
 
     name: str
-    matvec: object  # qmatvec_vnni, qmatvec_avx2 or qmatvec_plain
+    matvec: object  # the path's ``qmatvec``
     block_isums: object
 
     def __call__(self, p: PackedMatrix, x: np.ndarray, act: Activations, out: np.ndarray, add: bool = False,
@@ -669,6 +604,24 @@ class IntKernels:
 KERNELS_ENV = "WAFERVOX_KERNELS"
 #: The paths, slowest first: a CPU that runs one runs every one before it.
 KINDS = ("plain", "avx2", "vnni")
+#: Each path's kernels (none compiled before its first call).
+KERNELS = {kind: _instantiate(kind) for kind in KINDS}
+
+
+#: Each path's ``IntKernels.matvec``, by name (for ``qmatvec``).
+qmatvec_plain, qmatvec_avx2, qmatvec_vnni = (KERNELS[kind].matvec for kind in KINDS)
+
+
+@njit(inline="always", **_JIT)
+def qmatvec(kind, qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add):
+    """Path ``kind``'s ``IntKernels.matvec`` (its other arguments), for kernels compiled per path (``step_ops.LAYERS``,
+    the Whisper decoder's step) to call: only that path's is compiled with them."""
+    if kind == "vnni":
+        qmatvec_vnni(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add)
+    elif kind == "avx2":
+        qmatvec_avx2(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add)
+    else:
+        qmatvec_plain(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add)
 
 
 def available() -> tuple[str, ...]:
@@ -706,9 +659,7 @@ def select(kind: str = "auto") -> IntKernels:
         need = "AVX-512 VNNI (avx512vnni, avx512bw)" if kind == "vnni" else "AVX2 and F16C"
         raise ValueError(f"the {kind} kernels need a CPU with {need}; this one runs {', '.join(available())} "
                          f"(set {KERNELS_ENV} to one of those, or leave it unset)")
-    return {"vnni": IntKernels("vnni", qmatvec_vnni, block_isums_vnni),
-            "avx2": IntKernels("avx2", qmatvec_avx2, block_isums_avx2),
-            "plain": IntKernels("plain", qmatvec_plain, block_isums_plain)}[kind]
+    return KERNELS[kind]
 
 
 class Activations:

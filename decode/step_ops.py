@@ -20,7 +20,7 @@ from numba import njit, prange
 
 from . import simd
 from .ops import rope_row
-from .qint import LANES, MAX_BATCH, PREP_NONE, PREP_RMSNORM, PREP_SWIGLU, exp_f32, qmatvec_avx2, qmatvec_plain, qmatvec_vnni
+from .qint import KINDS, LANES, MAX_BATCH, PREP_NONE, PREP_RMSNORM, PREP_SWIGLU, exp_f32, path_jit, qmatvec
 from .quant import F16_TABLE
 
 _JIT = dict(cache=True, nogil=True)
@@ -267,54 +267,31 @@ def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n
 # -- packed layers in one call ---------------------------------------------------------------------
 # Model.layers' fast path: blocks lo .. hi - 1, each its five calls (q|k|v, cache_attend, wo,
 # gate|up, down) from inside numba, so a decode step enters numba once for all its layers.  The
-# weights are the stacks of ``PackedWeights.stack`` (a leading layer axis).  One copy per
-# implementation of the integer sums: only the one the CPU can run is ever compiled.  The products
-# without a norm get a norm and ``xb`` all the same (unused there): numba's own constant arrays
-# would be read-only.
+# weights are the stacks of ``PackedWeights.stack`` (a leading layer axis).  One function, compiled
+# per integer-kernel path (``qint.qmatvec(kind, ...)`` is that path's kernel): only the path the
+# CPU runs is ever compiled.  The products without a norm get a norm and ``xb`` all the same
+# (unused there): numba's own constant arrays would be read-only.
 
 
-@njit(**_JIT)
-def layers_vnni(lo, hi, x, xb, qkv, att, gu, aq, ad, as_, am, t0, qs0, d0, m0, t1, qs1, d1, m1, t2, qs2, d2, m2,
-                t3, qs3, d3, m3, attn_norms, ffn_norms, eps, k_caches, v_caches, n_caches, positions, n_heads, n_kv_heads,
-                head_dim, rot_dims, cos, sin):
-    """Blocks ``lo .. hi - 1`` on rows ``x`` with ``qint.qmatvec_vnni``: the stacks ``(qtype, qs, d, m)``
-    of q|k|v, wo, gate|up and down in that order, the norms ``(layers, d_model)``; ``xb, qkv, att,
-    gu`` the step's scratch and ``aq, ad, as_, am`` its quantized activations."""
-    for i in range(lo, hi):
-        qmatvec_vnni(t0, qs0[i], d0[i], m0[i], x, PREP_RMSNORM, attn_norms[i], eps, xb, aq, ad, as_, am, qkv, False)
-        cache_attend(qkv, k_caches, v_caches, n_caches, i, positions, n_heads, n_kv_heads, head_dim, rot_dims, cos, sin, att)
-        qmatvec_vnni(t1, qs1[i], d1[i], m1[i], att, PREP_NONE, attn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
-        qmatvec_vnni(t2, qs2[i], d2[i], m2[i], x, PREP_RMSNORM, ffn_norms[i], eps, xb, aq, ad, as_, am, gu, False)
-        qmatvec_vnni(t3, qs3[i], d3[i], m3[i], gu, PREP_SWIGLU, ffn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
+def _layers(kind: str):
+    def layers(lo, hi, x, xb, qkv, att, gu, aq, ad, as_, am, t0, qs0, d0, m0, t1, qs1, d1, m1, t2, qs2, d2, m2,
+               t3, qs3, d3, m3, attn_norms, ffn_norms, eps, k_caches, v_caches, n_caches, positions, n_heads, n_kv_heads,
+               head_dim, rot_dims, cos, sin):
+        """Blocks ``lo .. hi - 1`` on rows ``x`` with the path's ``qint`` kernel: the stacks ``(qtype, qs, d, m)``
+        of q|k|v, wo, gate|up and down in that order, the norms ``(layers, d_model)``; ``xb, qkv, att,
+        gu`` the step's scratch and ``aq, ad, as_, am`` its quantized activations."""
+        for i in range(lo, hi):
+            qmatvec(kind, t0, qs0[i], d0[i], m0[i], x, PREP_RMSNORM, attn_norms[i], eps, xb, aq, ad, as_, am, qkv, False)
+            cache_attend(qkv, k_caches, v_caches, n_caches, i, positions, n_heads, n_kv_heads, head_dim, rot_dims, cos, sin, att)
+            qmatvec(kind, t1, qs1[i], d1[i], m1[i], att, PREP_NONE, attn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
+            qmatvec(kind, t2, qs2[i], d2[i], m2[i], x, PREP_RMSNORM, ffn_norms[i], eps, xb, aq, ad, as_, am, gu, False)
+            qmatvec(kind, t3, qs3[i], d3[i], m3[i], gu, PREP_SWIGLU, ffn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
+
+    return path_jit(layers, kind)
 
 
-@njit(**_JIT)
-def layers_plain(lo, hi, x, xb, qkv, att, gu, aq, ad, as_, am, t0, qs0, d0, m0, t1, qs1, d1, m1, t2, qs2, d2, m2,
-                 t3, qs3, d3, m3, attn_norms, ffn_norms, eps, k_caches, v_caches, n_caches, positions, n_heads, n_kv_heads,
-                 head_dim, rot_dims, cos, sin):
-    """``layers_vnni`` with ``qint.qmatvec_plain``."""
-    for i in range(lo, hi):
-        qmatvec_plain(t0, qs0[i], d0[i], m0[i], x, PREP_RMSNORM, attn_norms[i], eps, xb, aq, ad, as_, am, qkv, False)
-        cache_attend(qkv, k_caches, v_caches, n_caches, i, positions, n_heads, n_kv_heads, head_dim, rot_dims, cos, sin, att)
-        qmatvec_plain(t1, qs1[i], d1[i], m1[i], att, PREP_NONE, attn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
-        qmatvec_plain(t2, qs2[i], d2[i], m2[i], x, PREP_RMSNORM, ffn_norms[i], eps, xb, aq, ad, as_, am, gu, False)
-        qmatvec_plain(t3, qs3[i], d3[i], m3[i], gu, PREP_SWIGLU, ffn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
-
-
-@njit(**_JIT)
-def layers_avx2(lo, hi, x, xb, qkv, att, gu, aq, ad, as_, am, t0, qs0, d0, m0, t1, qs1, d1, m1, t2, qs2, d2, m2,
-                 t3, qs3, d3, m3, attn_norms, ffn_norms, eps, k_caches, v_caches, n_caches, positions, n_heads, n_kv_heads,
-                 head_dim, rot_dims, cos, sin):
-    """``layers_vnni`` with ``qint.qmatvec_avx2``."""
-    for i in range(lo, hi):
-        qmatvec_avx2(t0, qs0[i], d0[i], m0[i], x, PREP_RMSNORM, attn_norms[i], eps, xb, aq, ad, as_, am, qkv, False)
-        cache_attend(qkv, k_caches, v_caches, n_caches, i, positions, n_heads, n_kv_heads, head_dim, rot_dims, cos, sin, att)
-        qmatvec_avx2(t1, qs1[i], d1[i], m1[i], att, PREP_NONE, attn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
-        qmatvec_avx2(t2, qs2[i], d2[i], m2[i], x, PREP_RMSNORM, ffn_norms[i], eps, xb, aq, ad, as_, am, gu, False)
-        qmatvec_avx2(t3, qs3[i], d3[i], m3[i], gu, PREP_SWIGLU, ffn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
-
-
-LAYERS = {"vnni": layers_vnni, "avx2": layers_avx2, "plain": layers_plain}
+#: The layer stack's function of each integer-kernel path (none compiled before its first call).
+LAYERS = {kind: _layers(kind) for kind in KINDS}
 
 
 def cache_tuples(states) -> tuple[tuple, tuple, int]:

@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit, prange
 
 from decode import cpu, qint, simd
-from decode.qint import exp_f32
+from decode.qint import exp_f32, path_jit, qmatvec
 from decode.quant import QType
 from voice.errors import EngineError
 
@@ -187,72 +187,51 @@ def cross_attend(q, bias, kv, heads, out, scores):
     _attend(q, kv[0].reshape(-1), kv[1].reshape(-1), frames * 64, 64, frames, heads, out, scores)
 
 
-@njit(inline="always", **_JIT)
-def _step_body(matvec, pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache, cross, heads,
-               scores, logits, d):
-    """One decoder step on ``x (1, d)`` (its token and position embedded already) through every layer, then
-    the final norm and the logits; ``matvec`` is one of ``qint``'s ``qmatvec_*``. ``W`` is the tuple of the
-    stacked packed matrices (q|k|v, self out, cross q, cross out, fc1, fc2, projection), each ``(qtype, qs,
-    d, m)``; ``norms (layers + 1, 3, 2, d)`` gamma and beta; ``biases`` their tuple of ``(layers, n)``."""
-    none = np.zeros(0, np.float32)
-    empty = np.zeros((0, 0), np.float32)
-    t0, qs0, d0, m0 = W[0]
-    t1, qs1, d1, m1 = W[1]
-    t2, qs2, d2, m2 = W[2]
-    t3, qs3, d3, m3 = W[3]
-    t4, qs4, d4, m4 = W[4]
-    t5, qs5, d5, m5 = W[5]
-    t6, qs6, d6, m6 = W[6]
-    b0, b1, b2, b3, b4, b5 = biases
-    for i in range(qs0.shape[0]):
-        layer_norm(x[0], norms[i, 0, 0], norms[i, 0, 1], h)
-        matvec(t0, qs0[i], d0[i], m0[i], h, 0, none, 0.0, empty, aq, ad, as_, am, qkv, False)
-        self_attend(qkv[0], b0[i], k_cache[i], v_cache[i], pos, heads, att[0], scores)
-        matvec(t1, qs1[i], d1[i], m1[i], att, 0, none, 0.0, empty, aq, ad, as_, am, x, True)
-        for j in range(d):
-            x[0, j] += b1[i, j]
-        layer_norm(x[0], norms[i, 1, 0], norms[i, 1, 1], h)
-        matvec(t2, qs2[i], d2[i], m2[i], h, 0, none, 0.0, empty, aq, ad, as_, am, q, False)
-        cross_attend(q[0], b2[i], cross[i], heads, att[0], scores)
-        matvec(t3, qs3[i], d3[i], m3[i], att, 0, none, 0.0, empty, aq, ad, as_, am, x, True)
-        for j in range(d):
-            x[0, j] += b3[i, j]
-        layer_norm(x[0], norms[i, 2, 0], norms[i, 2, 1], h)
-        matvec(t4, qs4[i], d4[i], m4[i], h, 0, none, 0.0, empty, aq, ad, as_, am, ffn, False)
-        gelu_bias(ffn, b4[i])
-        matvec(t5, qs5[i], d5[i], m5[i], ffn, 0, none, 0.0, empty, aq, ad, as_, am, x, True)
-        for j in range(d):
-            x[0, j] += b5[i, j]
-    last = qs0.shape[0]
-    layer_norm(x[0], norms[last, 0, 0], norms[last, 0, 1], h)
-    matvec(t6, qs6[0], d6[0], m6[0], h, 0, none, 0.0, empty, aq, ad, as_, am, logits, False)
+def _step(kind: str):
+    def step(pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache, cross, heads, scores,
+             logits, d):
+        """One decoder step on ``x (1, d)`` (its token and position embedded already) through every layer, then
+        the final norm and the logits, on the products of the path's ``qint`` kernel. ``W`` is the tuple of the
+        stacked packed matrices (q|k|v, self out, cross q, cross out, fc1, fc2, projection), each ``(qtype, qs,
+        d, m)``; ``norms (layers + 1, 3, 2, d)`` gamma and beta; ``biases`` their tuple of ``(layers, n)``."""
+        none = np.zeros(0, np.float32)
+        empty = np.zeros((0, 0), np.float32)
+        t0, qs0, d0, m0 = W[0]
+        t1, qs1, d1, m1 = W[1]
+        t2, qs2, d2, m2 = W[2]
+        t3, qs3, d3, m3 = W[3]
+        t4, qs4, d4, m4 = W[4]
+        t5, qs5, d5, m5 = W[5]
+        t6, qs6, d6, m6 = W[6]
+        b0, b1, b2, b3, b4, b5 = biases
+        for i in range(qs0.shape[0]):
+            layer_norm(x[0], norms[i, 0, 0], norms[i, 0, 1], h)
+            qmatvec(kind, t0, qs0[i], d0[i], m0[i], h, 0, none, 0.0, empty, aq, ad, as_, am, qkv, False)
+            self_attend(qkv[0], b0[i], k_cache[i], v_cache[i], pos, heads, att[0], scores)
+            qmatvec(kind, t1, qs1[i], d1[i], m1[i], att, 0, none, 0.0, empty, aq, ad, as_, am, x, True)
+            for j in range(d):
+                x[0, j] += b1[i, j]
+            layer_norm(x[0], norms[i, 1, 0], norms[i, 1, 1], h)
+            qmatvec(kind, t2, qs2[i], d2[i], m2[i], h, 0, none, 0.0, empty, aq, ad, as_, am, q, False)
+            cross_attend(q[0], b2[i], cross[i], heads, att[0], scores)
+            qmatvec(kind, t3, qs3[i], d3[i], m3[i], att, 0, none, 0.0, empty, aq, ad, as_, am, x, True)
+            for j in range(d):
+                x[0, j] += b3[i, j]
+            layer_norm(x[0], norms[i, 2, 0], norms[i, 2, 1], h)
+            qmatvec(kind, t4, qs4[i], d4[i], m4[i], h, 0, none, 0.0, empty, aq, ad, as_, am, ffn, False)
+            gelu_bias(ffn, b4[i])
+            qmatvec(kind, t5, qs5[i], d5[i], m5[i], ffn, 0, none, 0.0, empty, aq, ad, as_, am, x, True)
+            for j in range(d):
+                x[0, j] += b5[i, j]
+        last = qs0.shape[0]
+        layer_norm(x[0], norms[last, 0, 0], norms[last, 0, 1], h)
+        qmatvec(kind, t6, qs6[0], d6[0], m6[0], h, 0, none, 0.0, empty, aq, ad, as_, am, logits, False)
+
+    return path_jit(step, kind)
 
 
-@njit(**_JIT)
-def step_vnni(pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache, cross, heads, scores,
-              logits, d):
-    """``_step_body`` with ``qint.qmatvec_vnni``."""
-    _step_body(qint.qmatvec_vnni, pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache,
-               cross, heads, scores, logits, d)
-
-
-@njit(**_JIT)
-def step_avx2(pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache, cross, heads, scores,
-              logits, d):
-    """``_step_body`` with ``qint.qmatvec_avx2``."""
-    _step_body(qint.qmatvec_avx2, pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache,
-               cross, heads, scores, logits, d)
-
-
-@njit(**_JIT)
-def step_plain(pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache, cross, heads, scores,
-              logits, d):
-    """``_step_body`` with ``qint.qmatvec_plain``."""
-    _step_body(qint.qmatvec_plain, pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache,
-               cross, heads, scores, logits, d)
-
-
-_STEPS = {"vnni": step_vnni, "avx2": step_avx2, "plain": step_plain}
+#: The decoder step of each integer-kernel path (none compiled before its first call).
+_STEPS = {kind: _step(kind) for kind in qint.KINDS}
 
 
 @njit(parallel=True, error_model="numpy", **_JIT)
@@ -357,7 +336,7 @@ class Greedy:
     ended: bool  # the end token came before the length limit
 
 
-#: Per layer: the packed products of a step, in ``_step_body``'s order, by their CTranslate2 names.
+#: Per layer: the packed products of a step, in the step's order, by their CTranslate2 names.
 _PRODUCTS = ("self_attention/linear_0", "self_attention/linear_1", "attention/linear_0", "attention/linear_2",
              "ffn/linear_0", "ffn/linear_1")
 _NORMS = ("self_attention/layer_norm", "attention/layer_norm", "ffn/layer_norm")
