@@ -94,6 +94,27 @@ def _k4_scale_min(w, r, o, j):
     return sc, mn
 
 
+@njit(inline="always", fastmath=_FAST, **_JIT)
+def _dequant_q4(w, r, out, has_min):
+    """Row ``r`` of a Q4_1 (``has_min``: 20-byte blocks ``d, m, qs``) or Q4_0 matrix (18-byte blocks ``d, qs``, codes
+    less 8) as float32 into ``out``; ``has_min`` is a constant at each call."""
+    nb = out.shape[0] // 32
+    bs, qo = (20, 4) if has_min else (18, 2)
+    half = w.shape[1] // nb - qo  # 16, as a run-time value (see the note above _dot_q4)
+    for b in range(nb):
+        o = b * bs
+        d = _half(w, r, o)
+        m = _half(w, r, o + 2) if has_min else np.float32(0.0)
+        for j in range(half):
+            q = np.int32(w[r, o + qo + j])
+            if has_min:
+                out[b * 32 + j] = np.float32(q & 15) * d + m
+                out[b * 32 + j + 16] = np.float32(q >> 4) * d + m
+            else:
+                out[b * 32 + j] = np.float32((q & 15) - 8) * d
+                out[b * 32 + j + 16] = np.float32((q >> 4) - 8) * d
+
+
 @njit(fastmath=_FAST, **_JIT)
 def dequant_row(qtype, w, r, out):
     """Write row ``r`` of quantized matrix ``w`` as float32 into ``out`` (length = row elements)."""
@@ -109,27 +130,11 @@ def dequant_row(qtype, w, r, out):
         bits = out.view(np.uint32)
         for j in range(n):
             bits[j] = np.uint32(h[j]) << 16
-    elif qtype == _Q4_0:
-        nb = n // 32
-        half = w.shape[1] // nb - 2  # 16, as a run-time value (see the note above _dot_q4_1)
-        for b in range(nb):
-            o = b * 18
-            d = _half(w, r, o)
-            for j in range(half):
-                q = np.int32(w[r, o + 2 + j])
-                out[b * 32 + j] = np.float32((q & 15) - 8) * d
-                out[b * 32 + j + 16] = np.float32((q >> 4) - 8) * d
-    elif qtype == _Q4_1:
-        nb = n // 32
-        half = w.shape[1] // nb - 4
-        for b in range(nb):
-            o = b * 20
-            d = _half(w, r, o)
-            m = _half(w, r, o + 2)
-            for j in range(half):
-                q = np.int32(w[r, o + 4 + j])
-                out[b * 32 + j] = np.float32(q & 15) * d + m
-                out[b * 32 + j + 16] = np.float32(q >> 4) * d + m
+    elif qtype == _Q4_0 or qtype == _Q4_1:
+        if qtype == _Q4_1:
+            _dequant_q4(w, r, out, True)
+        else:
+            _dequant_q4(w, r, out, False)
     elif qtype == _Q8_0:
         nb = n // 32
         qk = w.shape[1] // nb - 2
@@ -207,30 +212,22 @@ def block_sums(x, out):
 
 
 @njit(inline="always", fastmath=_FAST, **_JIT)
-def _dot_q4_1(w, r, x, xs, half):
+def _dot_q4(w, r, x, xs, half, has_min):
+    """Row ``r`` of a Q4_1 (``has_min``: 20-byte blocks ``d, m, qs``) or Q4_0 matrix (18-byte blocks ``d, qs``, codes
+    less 8) times ``x``; ``has_min`` is a constant at each call, so each type compiles only its own sums."""
+    bs, qo = (20, 4) if has_min else (18, 2)
     acc = np.float32(0.0)
     for b in range(xs.shape[0]):
-        o = b * 20
+        o = b * bs
         xo = b * 32
         s = np.float32(0.0)
         for j in range(half):
-            q = np.int32(w[r, o + 4 + j])
+            q = np.int32(w[r, o + qo + j])
             s += np.float32(q & 15) * x[xo + j] + np.float32(q >> 4) * x[xo + j + half]
-        acc += _half(w, r, o) * s + _half(w, r, o + 2) * xs[b]
-    return acc
-
-
-@njit(inline="always", fastmath=_FAST, **_JIT)
-def _dot_q4_0(w, r, x, xs, half):
-    acc = np.float32(0.0)
-    for b in range(xs.shape[0]):
-        o = b * 18
-        xo = b * 32
-        s = np.float32(0.0)
-        for j in range(half):
-            q = np.int32(w[r, o + 2 + j])
-            s += np.float32(q & 15) * x[xo + j] + np.float32(q >> 4) * x[xo + j + half]
-        acc += _half(w, r, o) * (s - np.float32(8.0) * xs[b])
+        if has_min:
+            acc += _half(w, r, o) * s + _half(w, r, o + 2) * xs[b]
+        else:
+            acc += _half(w, r, o) * (s - np.float32(8.0) * xs[b])
     return acc
 
 
@@ -264,11 +261,11 @@ def row_dot(qtype, w, r, x, xs, buf):
     """
     n = x.shape[0]
     if qtype == _Q4_1:
-        return _dot_q4_1(w, r, x, xs, n // xs.shape[0] // 2)
+        return _dot_q4(w, r, x, xs, n // xs.shape[0] // 2, True)
     if qtype == _Q8_0:
         return _dot_q8_0(w, r, x, xs.shape[0], n // xs.shape[0])
     if qtype == _Q4_0:
-        return _dot_q4_0(w, r, x, xs, n // xs.shape[0] // 2)
+        return _dot_q4(w, r, x, xs, n // xs.shape[0] // 2, False)
     dequant_row(qtype, w, r, buf)
     return _dot(buf, x)
 
