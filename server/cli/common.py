@@ -79,8 +79,8 @@ def otel_flags(sp) -> None:
                          "(off by default: traces often leave the machine)")
 
 
-def otel_tracing(args):
-    """The ``Tracing`` that ``--otel`` asks for, or None (checked before the engines load)."""
+def otel_choice(args) -> tuple[str, str | None] | None:
+    """The exporter and endpoint ``--otel`` asks for, checked (None: no tracing); nothing is started."""
     kind, endpoint = getattr(args, "otel", None), getattr(args, "otel_endpoint", None)
     if endpoint and kind is None:
         kind = "otlp"
@@ -90,12 +90,27 @@ def otel_tracing(args):
         return None
     if kind == "console" and endpoint:
         raise CLIError("--otel-endpoint goes with --otel otlp, not the console")
+    if endpoint:
+        from ..tracing import otlp_endpoint
+
+        try:
+            otlp_endpoint(endpoint)
+        except ValueError as e:
+            raise CLIError(f"--otel-endpoint: {e}") from None
+    return kind, endpoint
+
+
+def otel_tracing(args):
+    """The ``Tracing`` that ``--otel`` asks for, started (its exporter's thread runs), or None."""
+    choice = otel_choice(args)
+    if choice is None:
+        return None
     from ..tracing import Tracing
 
     try:
-        return Tracing.to(kind, endpoint, content=getattr(args, "otel_content", False))
+        return Tracing.to(*choice, content=getattr(args, "otel_content", False))
     except ValueError as e:
-        raise CLIError(f"--otel{'-endpoint' if endpoint else ''}: {e}") from None
+        raise CLIError(f"--otel: {e}") from None
 
 
 def llm_info(args, llm):
@@ -103,6 +118,7 @@ def llm_info(args, llm):
     from pathlib import Path
 
     from decode.gguf_file import default_model_path
+
     from ..tracing import LLMInfo
 
     max_tokens = getattr(llm, "max_tokens", None)

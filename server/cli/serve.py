@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..memory import fixed_mmap_threshold
-from .common import CLIError, load, loop_config, priority_flag, voice_flags
+from .common import CLIError, llm_info, load, loop_config, otel_choice, otel_flags, otel_tracing, priority_flag, voice_flags
 
 #: the numeric limits: flag, type, default, help (each must be > 0)
 LIMIT_FLAGS = (
@@ -43,6 +43,7 @@ def add_parser(sub) -> None:
                          "client's address (repeatable; '*' trusts any)")
     sv.add_argument("-v", "--verbose", action="store_true", help="log sessions and errors to stderr")
     voice_flags(sv)
+    otel_flags(sv)
     priority_flag(sv)
     sv.set_defaults(func=run)
 
@@ -91,6 +92,7 @@ def run(args) -> int:
         raise CLIError("--port must be in 0..65535")
     if args.workers < 1:
         raise CLIError("--workers must be 1 or more")
+    otel_choice(args)  # (checked here; each serving process starts its own exporter)
     args.token = args.token or os.environ.get("WAFERVOX_TOKEN") or None
     if args.host not in ("127.0.0.1", "::1", "localhost") and not args.token:
         console.print(f"[yellow]warning: listening on {args.host} without --token: anyone who can reach it can talk to it[/]")
@@ -128,6 +130,12 @@ def _serve(args, sock, console, ready) -> None:
     shared, deployed = load(args, console, shared=True)
     per_session = shared.session_bytes() + limits.session_buffer_bytes()
     console.print(f"[dim]{memory_plan(per_session, args.max_sessions, available_memory())}[/]")
+    tracing = otel_tracing(args)  # every session traced (server.tracing), in this process
+    if tracing is not None:
+        from ..tracing import install
+
+        install(tracing, llm_info(args, shared.base.llm), {"wafervox.deployment": deployed.name,
+                                                           "wafervox.session.budget_ms": opts.loop_config.budget_ms})
 
     async def main() -> None:
         server = VoiceServer(shared, opts)
@@ -142,7 +150,12 @@ def _serve(args, sock, console, ready) -> None:
         finally:
             await server.stop()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        if tracing is not None:
+            install(None)
+            tracing.shutdown()  # exports what is queued
 
 
 def _workers(args, sock, url: str, console) -> int:
