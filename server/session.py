@@ -151,7 +151,7 @@ class RealtimeSession:
             self.close_connection(1011, "internal error")
         finally:
             if self._trace is not None:  # (a turn cut by the end has no report: its spans were never opened)
-                self._trace.close("error" if failed else "closed", error=failed)
+                self._trace.close("error" if failed else "closed", error=failed, cut_turn=bool(self.loop and self.loop.answering))
             self._release()
 
     def _release(self) -> None:

@@ -25,6 +25,12 @@ The tree of one session::
 A stage the turn never reached has no span.  A stage that had started when the turn was cut (a barge-in, a client's
 cancel, a failed backend) ends at the cut, with ``wafervox.cut`` set to why.  Every stage span carries
 ``wafervox.stage`` (its stage's name, as in ``STAGES``) and, where the report has one, its ``wafervox.latency_ms``.
+A turn still being answered when the session ends has no report, so no spans: the session's span says so
+(``wafervox.session.cut_turn``).
+
+Wiring: ``wafervox run`` opens one ``SessionTrace`` for the conversation and hands it each report (``server/cli/run.py``);
+``wafervox serve`` ``install``s the process's ``Tracing`` and each ``server.session.RealtimeSession`` opens its own
+(``open_session``), feeds it the loop's events and closes it in its thread's ``finally``.
 """
 
 from __future__ import annotations
@@ -288,10 +294,11 @@ class SessionTrace:
 
     # -- the end ---------------------------------------------------------------------------------------
 
-    def close(self, reason: str = "finished", at_s: float | None = None, error: BaseException | str | None = None) -> None:
-        """End the session's span (once; later calls do nothing).  ``reason``: "finished", "disconnect", "error", ...;
+    def close(self, reason: str = "finished", at_s: float | None = None, error: BaseException | str | None = None,
+              cut_turn: bool = False) -> None:
+        """End the session's span (once; later calls do nothing).  ``reason``: "finished", "closed", "error", ...;
         ``at_s``: the loop's clock at the end (default: the time passed since the session began, and never before the
-        last turn's end)."""
+        last turn's end); ``cut_turn``: a turn was being answered (it will have no report, so no spans)."""
         with self._lock:
             if self._closed:
                 return
@@ -302,7 +309,7 @@ class SessionTrace:
         s = self.span
         s.set_attributes({"wafervox.session.end_reason": reason, "wafervox.session.turns": self.turns,
                           "wafervox.session.within_budget": self.within_budget, "wafervox.session.barge_ins": self.barge_ins,
-                          "wafervox.session.non_speech": self.non_speech})
+                          "wafervox.session.non_speech": self.non_speech, "wafervox.session.cut_turn": cut_turn})
         if self.turns:
             s.set_attribute("wafervox.session.budget_hit_rate", round(self.within_budget / self.turns, 3))
         if error is not None:

@@ -293,10 +293,11 @@ def test_disconnect_mid_turn_leaves_nothing_open(traced):
     st = tracing.session(now=lambda: 0.0, server=True, attributes={"wafervox.session.transport": "realtime"})
     st.turn(report({k: v - 10.0 for k, v in FULL.items()}))
     # the client left while the next turn was being answered: the loop never reports it, the session ends
-    st.close("disconnect")
+    st.close("closed", cut_turn=True)
     assert not opened.open
     session = next(s for s in exporter.get_finished_spans() if s.name == "voice.session")
-    assert session.kind is SpanKind.SERVER and session.attributes["wafervox.session.end_reason"] == "disconnect"
+    assert session.kind is SpanKind.SERVER and session.attributes["wafervox.session.end_reason"] == "closed"
+    assert session.attributes["wafervox.session.cut_turn"] is True
     assert session.attributes["wafervox.session.transport"] == "realtime"
 
 

@@ -100,6 +100,7 @@ def test_a_session_with_a_barge_in_and_a_disconnect_leaves_no_span_open(traced_s
     assert session.kind is SpanKind.SERVER and a["wafervox.session.end_reason"] == "closed"
     assert a["wafervox.session.transport"] == "realtime" and a["wafervox.deployment"] == "test"
     assert a["wafervox.session.source"] == "serve"
+    assert a["wafervox.session.cut_turn"] is True  # the client left while the second answer was on its way
     turns = [s for s in spans if s.name == "voice.turn"]
     assert len(turns) == a["wafervox.session.turns"] >= 1  # the answer cut by the disconnect has no report: no spans
     cut = next(t for t in turns if t.attributes["wafervox.turn.number"] == first["turn"])
