@@ -45,36 +45,23 @@ _V16 = ir.VectorType(_I32, 16)
 _F16 = ir.VectorType(ir.FloatType(), 16)
 
 
-class I32x16Type(types.Type):
-    """A ``<16 x i32>`` LLVM vector held in a numba variable (a zmm register once compiled)."""
+class VectorType(types.Type):
+    """A 16-lane LLVM vector (``llty``) held in a numba variable (a zmm register, or two ymm, once compiled)."""
 
-    def __init__(self):
-        super().__init__(name="I32x16")
-
-
-I32x16 = I32x16Type()
+    def __init__(self, name: str, llty):
+        self.llty = llty
+        super().__init__(name=name)
 
 
-@register_model(I32x16Type)
-class _I32x16Model(models.PrimitiveModel):
+@register_model(VectorType)
+class _VectorModel(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):
-        super().__init__(dmm, fe_type, _V16)
+        super().__init__(dmm, fe_type, fe_type.llty)
 
 
-class F32x16Type(types.Type):
-    """A ``<16 x float>`` LLVM vector held in a numba variable."""
-
-    def __init__(self):
-        super().__init__(name="F32x16")
-
-
-F32x16 = F32x16Type()
-
-
-@register_model(F32x16Type)
-class _F32x16Model(models.PrimitiveModel):
-    def __init__(self, dmm, fe_type):
-        super().__init__(dmm, fe_type, _F16)
+#: ``<16 x i32>`` and ``<16 x float>``.
+I32x16 = VectorType("I32x16", _V16)
+F32x16 = VectorType("F32x16", _F16)
 
 
 def _element_ptr(context, builder, arrty, arr, index):
@@ -83,17 +70,67 @@ def _element_ptr(context, builder, arrty, arr, index):
     return builder.gep(a.data, [index])
 
 
-@intrinsic
-def vload(typingctx, arr, index):
-    """64 bytes of ``arr`` starting at (flat) element ``index``, unaligned."""
-    if not isinstance(arr, types.Array) or arr.layout != "C":
-        return None
+def _named(fn, name: str, doc: str):
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return intrinsic(fn)
 
-    def codegen(context, builder, sig, args):
-        p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
-        return builder.load(builder.bitcast(p, _V16.as_pointer()), align=1)
 
-    return I32x16(arr, types.intp), codegen
+def _loader(name: str, vty, llty, dtype, align: int, doc: str):
+    """An intrinsic ``name(arr, index)``: 16 lanes of ``vty`` from (flat) element ``index`` of a C-contiguous array
+    (of ``dtype``; any when None)."""
+    def typer(typingctx, arr, index):
+        if not isinstance(arr, types.Array) or arr.layout != "C" or (dtype is not None and arr.dtype != dtype):
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
+            return builder.load(builder.bitcast(p, llty.as_pointer()), align=align)
+
+        return vty(arr, types.intp), codegen
+
+    return _named(typer, name, doc)
+
+
+def _storer(name: str, vty, llty, dtype, doc: str):
+    """An intrinsic ``name(arr, index, v)``: the 16 lanes of ``v`` into ``dtype`` array ``arr`` from (flat) element
+    ``index``."""
+    def typer(typingctx, arr, index, v):
+        if not isinstance(arr, types.Array) or arr.layout != "C" or arr.dtype != dtype:
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
+            builder.store(args[2], builder.bitcast(p, llty.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.void(arr, types.intp, vty), codegen
+
+    return _named(typer, name, doc)
+
+
+def _lanewise(name: str, vty, op: str, doc: str):
+    """An intrinsic ``name(a, b)``: LLVM's ``op`` (an ``IRBuilder`` method) on two ``vty`` vectors, lane by lane."""
+    def typer(typingctx, a, b):
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op)(args[0], args[1])
+
+        return vty(vty, vty), codegen
+
+    return _named(typer, name, doc)
+
+
+vload = _loader("vload", I32x16, _V16, None, 1, "64 bytes of ``arr`` starting at (flat) element ``index``, unaligned.")
+fload = _loader("fload", F32x16, _F16, types.float32, 4, "16 float32 of ``arr`` from (flat) element ``index``.")
+vstore = _storer("vstore", I32x16, _V16, types.int32,
+                 "The 16 lanes of ``v`` into int32 array ``arr`` at (flat) elements ``index .. index + 15``.")
+fstore = _storer("fstore", F32x16, _F16, types.float32,
+                 "The 16 lanes of ``v`` into float32 array ``arr`` at (flat) elements ``index .. index + 15``.")
+vand = _lanewise("vand", I32x16, "and_", "Lane-wise bitwise and.")
+vadd = _lanewise("vadd", I32x16, "add", "Lane-wise int32 sum (wrapping).")
+vsub = _lanewise("vsub", I32x16, "sub", "Lane-wise int32 difference (wrapping).")
+fadd = _lanewise("fadd", F32x16, "fadd", "Lane-wise IEEE float32 ``a + b`` (no fast-math flags: never fused or reordered).")
+fmul = _lanewise("fmul", F32x16, "fmul", "Lane-wise IEEE float32 ``a * b``.")
 
 
 def _splat(builder, v):
@@ -121,14 +158,6 @@ def vsplat(typingctx, v):
         return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32))
 
     return I32x16(v), codegen
-
-
-@intrinsic
-def vand(typingctx, a, b):
-    def codegen(context, builder, sig, args):
-        return builder.and_(args[0], args[1])
-
-    return I32x16(I32x16, I32x16), codegen
 
 
 @intrinsic
@@ -175,54 +204,20 @@ def _avx2_dot(builder, acc, u, s, q8: bool):
     return builder.add(acc, builder.shuffle_vector(halves[0], halves[1], ir.Constant(_V16, list(range(16)))))
 
 
-@intrinsic
-def vdpbusd_avx2(typingctx, acc, u, s):
-    """``vdpbusd`` for codes ``u`` of at most 15 (Q4 nibbles) on AVX2: the same exact sums (a pair
-    of products stays within int16)."""
-    def codegen(context, builder, sig, args):
-        return _avx2_dot(builder, *args, q8=False)
+def _avx2_dpbusd(name: str, q8: bool, doc: str):
+    def typer(typingctx, acc, u, s):
+        def codegen(context, builder, sig, args):
+            return _avx2_dot(builder, *args, q8=q8)
 
-    return I32x16(I32x16, I32x16, I32x16), codegen
+        return I32x16(I32x16, I32x16, I32x16), codegen
 
-
-@intrinsic
-def vdpbusd_q8_avx2(typingctx, acc, u, s):
-    """``acc[l] + sum_k (u8(u[l][k]) - 128) * i8(s[l][k])`` on AVX2 (Q8_0's codes: the int8 plus
-    128): exact for activations ``s`` in -127..127."""
-    def codegen(context, builder, sig, args):
-        return _avx2_dot(builder, *args, q8=True)
-
-    return I32x16(I32x16, I32x16, I32x16), codegen
+    return _named(typer, name, doc)
 
 
-@intrinsic
-def vstore(typingctx, arr, index, v):
-    """The 16 lanes of ``v`` into int32 array ``arr`` at (flat) elements ``index .. index + 15``."""
-    if not isinstance(arr, types.Array) or arr.layout != "C" or arr.dtype != types.int32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
-        builder.store(args[2], builder.bitcast(p, _V16.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return types.void(arr, types.intp, I32x16), codegen
-
-
-@intrinsic
-def vadd(typingctx, a, b):
-    def codegen(context, builder, sig, args):
-        return builder.add(args[0], args[1])
-
-    return I32x16(I32x16, I32x16), codegen
-
-
-@intrinsic
-def vsub(typingctx, a, b):
-    def codegen(context, builder, sig, args):
-        return builder.sub(args[0], args[1])
-
-    return I32x16(I32x16, I32x16), codegen
+vdpbusd_avx2 = _avx2_dpbusd("vdpbusd_avx2", False, """``vdpbusd`` for codes ``u`` of at most 15 (Q4 nibbles) on AVX2: the
+same exact sums (a pair of products stays within int16).""")
+vdpbusd_q8_avx2 = _avx2_dpbusd("vdpbusd_q8_avx2", True, """``acc[l] + sum_k (u8(u[l][k]) - 128) * i8(s[l][k])`` on AVX2
+(Q8_0's codes: the int8 plus 128): exact for activations ``s`` in -127..127.""")
 
 
 @intrinsic
@@ -246,24 +241,6 @@ def fsplat(typingctx, v):
 
 
 @intrinsic
-def fadd(typingctx, a, b):
-    """Lane-wise IEEE float32 ``a + b`` (no fast-math flags: never fused or reordered)."""
-    def codegen(context, builder, sig, args):
-        return builder.fadd(args[0], args[1])
-
-    return F32x16(F32x16, F32x16), codegen
-
-
-@intrinsic
-def fmul(typingctx, a, b):
-    """Lane-wise IEEE float32 ``a * b``."""
-    def codegen(context, builder, sig, args):
-        return builder.fmul(args[0], args[1])
-
-    return F32x16(F32x16, F32x16), codegen
-
-
-@intrinsic
 def ffma(typingctx, a, b, c):
     """Lane-wise ``a * b + c`` with one rounding (``llvm.fma``: one ``vfmadd`` on CPUs with FMA). Not used by
     the decode kernels, whose sums keep separate roundings; for float32 products where that is not needed."""
@@ -271,33 +248,6 @@ def ffma(typingctx, a, b, c):
         return builder.call(_llvm_fn(builder, "llvm.fma.v16f32", _F16, [_F16, _F16, _F16]), args)
 
     return F32x16(F32x16, F32x16, F32x16), codegen
-
-
-@intrinsic
-def fload(typingctx, arr, index):
-    """16 float32 of ``arr`` from (flat) element ``index``."""
-    if not isinstance(arr, types.Array) or arr.layout != "C" or arr.dtype != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
-        return builder.load(builder.bitcast(p, _F16.as_pointer()), align=4)
-
-    return F32x16(arr, types.intp), codegen
-
-
-@intrinsic
-def fstore(typingctx, arr, index, v):
-    """The 16 lanes of ``v`` into float32 array ``arr`` at (flat) elements ``index .. index + 15``."""
-    if not isinstance(arr, types.Array) or arr.layout != "C" or arr.dtype != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = _element_ptr(context, builder, sig.args[0], args[0], args[1])
-        builder.store(args[2], builder.bitcast(p, _F16.as_pointer()), align=4)
-        return context.get_dummy_value()
-
-    return types.void(arr, types.intp, F32x16), codegen
 
 
 @intrinsic
