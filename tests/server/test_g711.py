@@ -1,0 +1,77 @@
+"""voice.g711: the ITU-T G.711 laws against the standard's known codes, its segment structure and round trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from voice import g711
+
+ALL_CODES = bytes(range(256))
+ALL_PCM = np.arange(-32768, 32768).astype(np.int16)
+
+
+def test_mulaw_known_codes():
+    # silence is 0xFF (and 0x7F, "negative zero"); the extremes are the first and last segment's ends
+    assert g711.mulaw_decode(bytes([0xFF, 0x7F, 0x80, 0x00, 0xFE, 0x7E])).tolist() == [0, 0, 32124, -32124, 8, -8]
+    assert g711.mulaw_encode(np.array([0, 32767, -32768, 8, -8], np.int16)) == bytes([0xFF, 0x80, 0x00, 0xFE, 0x7E])
+    assert g711.mulaw_encode(np.zeros(160, np.int16)) == bytes([g711.MULAW_SILENCE]) * 160
+
+
+def test_alaw_known_codes():
+    # every even bit inverted: silence is 0xD5 (+8) and 0x55 (-8); the ends are 0xAA / 0x2A
+    assert g711.alaw_decode(bytes([0xD5, 0x55, 0xAA, 0x2A])).tolist() == [8, -8, 32256, -32256]
+    assert g711.alaw_encode(np.array([0, -1, 32767, -32768], np.int16)) == bytes([0xD5, 0x55, 0xAA, 0x2A])
+    assert g711.alaw_encode(np.zeros(160, np.int16)) == bytes([g711.ALAW_SILENCE]) * 160
+
+
+@pytest.mark.parametrize("law", ["audio/pcmu", "audio/pcma"])
+def test_every_code_round_trips(law):
+    encode, decode = g711.CODECS[law]
+    again = encode(decode(ALL_CODES))
+    expected = bytearray(ALL_CODES)
+    if law == "audio/pcmu":
+        expected[0x7F] = 0xFF  # negative zero decodes to 0, which is sent as positive zero
+    assert again == bytes(expected)
+
+
+@pytest.mark.parametrize("law", ["audio/pcmu", "audio/pcma"])
+def test_segments_are_monotonic_and_double_their_step(law):
+    encode, decode = g711.CODECS[law]
+    levels = decode(encode(ALL_PCM)).astype(np.int32)
+    assert np.all(np.diff(levels) >= 0)  # the quantizer never goes down as the input goes up
+    for seg in range(8):  # 8 segments of 16 levels each, evenly spaced; each step twice the one below
+        codes = [(~((seg << 4) | m)) & 0xFF if law == "audio/pcmu" else ((seg << 4) | m) ^ 0xD5 for m in range(16)]
+        steps = set(np.diff(decode(bytes(codes)).astype(np.int32)).tolist())
+        expected = 8 << seg if law == "audio/pcmu" else 16 << max(seg - 1, 0)  # (A-law's first two share one)
+        assert steps == {expected}, (seg, steps)
+        negative = decode(bytes(c ^ 0x80 for c in codes)).astype(np.int32)
+        assert (negative == -decode(bytes(codes)).astype(np.int32)).all()  # the sign bit mirrors the level
+
+
+@pytest.mark.parametrize("law", ["audio/pcmu", "audio/pcma"])
+def test_quantization_error_is_within_half_a_step(law):
+    encode, decode = g711.CODECS[law]
+    x = ALL_PCM[(ALL_PCM > -32000) & (ALL_PCM < 32000)]
+    err = np.abs(decode(encode(x)).astype(np.int32) - x)
+    rel = err / np.maximum(np.abs(x.astype(np.int32)), 256)
+    assert rel.max() < 0.07  # about 6 % of the level at most: 8 bits of a logarithmic scale
+    assert g711.mulaw_encode(x[:0]) == b"" and len(decode(b"")) == 0
+
+
+def test_matches_the_reference_implementation_where_python_still_has_it():
+    audioop = pytest.importorskip("audioop")  # deprecated since 3.11, gone in 3.13: a cross-check only
+    raw = ALL_PCM.tobytes()
+    assert g711.mulaw_encode(ALL_PCM) == audioop.lin2ulaw(raw, 2)
+    assert g711.alaw_encode(ALL_PCM) == audioop.lin2alaw(raw, 2)
+    assert g711.mulaw_decode(ALL_CODES).tobytes() == audioop.ulaw2lin(ALL_CODES, 2)
+    assert g711.alaw_decode(ALL_CODES).tobytes() == audioop.alaw2lin(ALL_CODES, 2)
+
+
+def test_a_sine_keeps_its_level_through_the_laws():
+    t = np.arange(8000) / 8000
+    x = (np.sin(2 * np.pi * 440 * t) * 10000).astype(np.int16)
+    for encode, decode in g711.CODECS.values():
+        y = decode(encode(x)).astype(np.float64)
+        snr = 10 * np.log10(np.sum(x.astype(np.float64) ** 2) / np.sum((y - x) ** 2))
+        assert snr > 30  # G.711's ~38 dB at speech levels
