@@ -215,8 +215,12 @@ class ProtocolSession:
                                      f"of up to 512 (key {k[:64]!r})", "response.metadata")
             meta = tuple(meta.items())
         choice = tool_choice(params["tool_choice"], "response.tool_choice") if "tool_choice" in params else None
+        key = "output_modalities" if "output_modalities" in params else "modalities"  # (GA, beta)
+        mods = read(params, key, list, "response")
+        if mods is not None and (not mods or any(m not in ("text", "audio") for m in mods)):
+            raise FieldError("invalid_value", f"field 'response.{key}' must be a non-empty list of 'text'/'audio'", f"response.{key}")
         return E.ResponseCreate(event_id=event_id, instructions=read(params, "instructions", str, "response"), metadata=meta,
-                                tool_choice=choice)
+                                tool_choice=choice, output_modalities=None if mods is None else tuple(dict.fromkeys(mods)))
 
     def _truncate(self, msg: dict, event_id: str | None) -> E.ItemTruncate:
         return E.ItemTruncate(event_id=event_id, item_id=read(msg, "item_id", str, "", required=True),
@@ -290,10 +294,11 @@ class ProtocolSession:
                           transcript=transcript, usage={"type": "duration", "seconds": float(audio_seconds)})
 
     def _response(self, response_id: str, status: str, output: list, status_details: dict | None = None,
-                  metadata: dict | None = None, usage: dict | None = None) -> dict:
-        """A ``realtime.response`` object (with the client's ``metadata`` when it gave some, and ``usage`` when known)."""
+                  metadata: dict | None = None, usage: dict | None = None, modalities: list[str] | None = None) -> dict:
+        """A ``realtime.response`` object (with the client's ``metadata`` when it gave some, and ``usage`` when known);
+        ``modalities``: the response's own, else the session's."""
         out = {"id": response_id, "object": "realtime.response", "status": status, "status_details": status_details,
-               "output": output, "output_modalities": list(self.config.output_modalities),
+               "output": output, "output_modalities": list(modalities or self.config.output_modalities),
                "audio": {"output": self.config.output_format()}}
         if metadata is not None:
             out["metadata"] = dict(metadata)
@@ -301,9 +306,10 @@ class ProtocolSession:
             out["usage"] = usage
         return out
 
-    def response_created(self, metadata: dict | None = None) -> E.ServerEvent:
+    def response_created(self, metadata: dict | None = None, modalities: list[str] | None = None) -> E.ServerEvent:
         """A fresh response (``.response_id``), in progress, with no output yet; use ``new_item_id()`` for its item."""
-        return self.build("response.created", response=self._response(self.ids("resp"), "in_progress", [], metadata=metadata))
+        return self.build("response.created", response=self._response(self.ids("resp"), "in_progress", [], metadata=metadata,
+                                                                      modalities=modalities))
 
     def audio_delta(self, response_id: str, item_id: str, pcm: np.ndarray | bytes, output_index: int = 0,
                     content_index: int = 0) -> E.ServerEvent:
@@ -324,9 +330,17 @@ class ProtocolSession:
         return self.build("response.output_audio_transcript.done", response_id=response_id, item_id=item_id,
                           output_index=output_index, content_index=content_index, transcript=transcript)
 
+    def text_delta(self, response_id: str, item_id: str, delta: str, output_index: int = 0, content_index: int = 0) -> E.ServerEvent:
+        return self.build("response.output_text.delta", response_id=response_id, item_id=item_id, output_index=output_index,
+                          content_index=content_index, delta=delta)
+
+    def text_done(self, response_id: str, item_id: str, text: str, output_index: int = 0, content_index: int = 0) -> E.ServerEvent:
+        return self.build("response.output_text.done", response_id=response_id, item_id=item_id, output_index=output_index,
+                          content_index=content_index, text=text)
+
     def response_done(self, response_id: str, item_id: str | None, transcript: str = "", *, cancelled: bool = False,
                       reason: str = "client_cancelled", metadata: dict | None = None, usage: dict | None = None,
-                      output: list[dict] | None = None, error: str | None = None) -> E.ServerEvent:
+                      output: list[dict] | None = None, error: str | None = None, modalities: list[str] | None = None) -> E.ServerEvent:
         """``status`` completed, cancelled with ``reason`` ('client_cancelled' or 'turn_detected' for barge-in), or
         failed with ``error`` (the LLM backend's).  ``output``: the response's items as they are now; by default the
         assistant item ``item_id`` with ``transcript`` (``item_id`` None: the response produced no item)."""
@@ -341,7 +355,7 @@ class ProtocolSession:
             status, details = "cancelled", {"type": "cancelled", "reason": reason}
         else:
             status, details = "completed", None
-        return self.build("response.done", response=self._response(response_id, status, output, details, metadata, usage))
+        return self.build("response.done", response=self._response(response_id, status, output, details, metadata, usage, modalities))
 
     # ---- the item lifecycle
 
@@ -355,9 +369,11 @@ class ProtocolSession:
                 "content": [part]}
 
     @staticmethod
-    def assistant_item(item_id: str, transcript: str | None, status: str) -> dict:
-        """An assistant ``realtime.item``: spoken audio with its ``transcript``; no content while it is None."""
-        content = [] if transcript is None else [{"type": "output_audio", "transcript": transcript}]
+    def assistant_item(item_id: str, transcript: str | None, status: str, text: bool = False) -> dict:
+        """An assistant ``realtime.item``: spoken audio with its ``transcript`` (``text``: an ``output_text`` part, a
+        text-only response's); no content while it is None."""
+        part = {"type": "output_text", "text": transcript} if text else {"type": "output_audio", "transcript": transcript}
+        content = [] if transcript is None else [part]
         return {"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant", "status": status,
                 "content": content}
 
@@ -400,14 +416,16 @@ class ProtocolSession:
     def output_item_done(self, response_id: str, item: dict, output_index: int = 0) -> E.ServerEvent:
         return self.build("response.output_item.done", response_id=response_id, output_index=output_index, item=item)
 
-    def content_part_added(self, response_id: str, item_id: str, output_index: int = 0, content_index: int = 0) -> E.ServerEvent:
+    def content_part_added(self, response_id: str, item_id: str, output_index: int = 0, content_index: int = 0,
+                           text: bool = False) -> E.ServerEvent:
+        """The message's audio part (``text``: its text part, a text-only response's)."""
         return self.build("response.content_part.added", response_id=response_id, item_id=item_id, output_index=output_index,
-                          content_index=content_index, part={"type": "audio", "transcript": ""})
+                          content_index=content_index, part=_part("", text))
 
     def content_part_done(self, response_id: str, item_id: str, transcript: str, output_index: int = 0,
-                          content_index: int = 0) -> E.ServerEvent:
+                          content_index: int = 0, text: bool = False) -> E.ServerEvent:
         return self.build("response.content_part.done", response_id=response_id, item_id=item_id, output_index=output_index,
-                          content_index=content_index, part={"type": "audio", "transcript": transcript})
+                          content_index=content_index, part=_part(transcript, text))
 
     def truncated(self, item_id: str, audio_end_ms: int, content_index: int = 0) -> E.ServerEvent:
         return self.build("conversation.item.truncated", item_id=item_id, content_index=content_index, audio_end_ms=int(audio_end_ms))
@@ -422,3 +440,8 @@ class ProtocolSession:
 
     def session_latency(self, summary: dict) -> E.ServerEvent:
         return self.build("session.latency", summary=summary)
+
+
+def _part(words: str, text: bool) -> dict:
+    """A ``response.content_part.*`` part: audio with its transcript, or (``text``) text."""
+    return {"type": "text", "text": words} if text else {"type": "audio", "transcript": words}

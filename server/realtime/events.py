@@ -95,6 +95,9 @@ class ResponseCreate(_ClientEvent):
     instructions: str | None  # this response's instructions instead of the session's; other params are ignored
     metadata: tuple[tuple[str, str], ...] | None = None  # echoed in the response object (pairs: the event is frozen)
     tool_choice: str | dict | None = None  # this response's, instead of the session's
+    #: this response's output modalities (``response.output_modalities``, or the beta ``modalities``) instead of the
+    #: session's: ("text",) answers in text only, with no audio
+    output_modalities: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,12 +180,15 @@ SERVER_EVENTS: dict[str, tuple[str, ...]] = {
     "response.created": ("response",),  # a realtime.response object
     "response.output_item.added": ("response_id", "output_index", "item"),
     "response.output_item.done": ("response_id", "output_index", "item"),
-    "response.content_part.added": (*_PART, "part"),  # part: {"type": "audio", "transcript": ...}
+    "response.content_part.added": (*_PART, "part"),  # part: {"type": "audio", "transcript": ...} or {"type": "text", "text": ...}
     "response.content_part.done": (*_PART, "part"),
     "response.output_audio.delta": (*_PART, "delta"),  # delta: base64 PCM16
     "response.output_audio.done": _PART,
     "response.output_audio_transcript.delta": (*_PART, "delta"),
     "response.output_audio_transcript.done": (*_PART, "transcript"),
+    # a text-only response's message (output_modalities ["text"]): its output_text content part, as it streams
+    "response.output_text.delta": (*_PART, "delta"),
+    "response.output_text.done": (*_PART, "text"),
     # a function_call item's arguments, as they stream (an OpenAI-compatible backend's tool call)
     "response.function_call_arguments.delta": ("response_id", "item_id", "output_index", "call_id", "delta"),
     "response.function_call_arguments.done": ("response_id", "item_id", "output_index", "call_id", "name", "arguments"),

@@ -35,6 +35,8 @@ OPENAI_MODELS = {
     "response.output_audio.done": rt.ResponseAudioDoneEvent,
     "response.output_audio_transcript.delta": rt.ResponseAudioTranscriptDeltaEvent,
     "response.output_audio_transcript.done": rt.ResponseAudioTranscriptDoneEvent,
+    "response.output_text.delta": rt.ResponseTextDeltaEvent,
+    "response.output_text.done": rt.ResponseTextDoneEvent,
     "response.done": rt.ResponseDoneEvent,
     "conversation.item.truncated": rt.ConversationItemTruncatedEvent,
     "error": rt.RealtimeErrorEvent,
@@ -114,11 +116,18 @@ def test_every_server_event_validates_with_openai_models():
               proto.output_item_done("resp_2", called), proto.item_done(called, "item_a"), proto.item_added(result, "item_c"),
               proto.response_done("resp_2", None, output=[called]), proto.timeout_triggered(1200, 6200, "item_i"),
               proto.response_done("resp_3", "item_b", "We", error="the LLM backend at http://x/v1 stopped mid-answer")]
+    text = proto.assistant_item("item_x", "Noon.", "completed", text=True)
+    items += [proto.content_part_added("resp_4", "item_x", text=True), proto.text_delta("resp_4", "item_x", "Noon."),
+              proto.text_done("resp_4", "item_x", "Noon."), proto.content_part_done("resp_4", "item_x", "Noon.", text=True),
+              proto.output_item_done("resp_4", text), proto.response_done("resp_4", None, output=[text], modalities=["text"])]
     covered = {validate(ev).type for ev in evs + items}
     assert covered == set(OPENAI_MODELS) == set(P.SERVER_EVENTS) - {"turn.latency", "session.latency"}  # less our extensions
-    failed = validate(items[-1]).response
+    failed = validate(items[-7]).response
     assert failed.status == "failed" and failed.status_details.error.code == "llm_backend_failed"
-    assert validate(items[-3]).response.output[0].type == "function_call"
+    assert validate(items[-9]).response.output[0].type == "function_call"
+    answered = validate(items[-1]).response
+    assert answered.output_modalities == ["text"] and answered.output[0].content[0].model_dump(exclude_none=True) == {
+        "type": "output_text", "text": "Noon."}
     done = validate(evs[-5])
     assert done.response.status == "cancelled" and done.response.status_details.reason == "turn_detected"
     assert done.response.output[0].content[0].transcript == "It is"
@@ -245,6 +254,18 @@ def test_response_metadata_is_read_and_echoed():
     used = validate(proto.response_done(created.response.id, "item_1", "Hi.", usage=Usage(480, 470, 9).to_realtime()))
     assert (used.response.usage.total_tokens, used.response.usage.input_token_details.cached_tokens) == (489, 470)
     assert "metadata" not in json.loads(proto.response_created().to_json())["response"]
+
+
+def test_response_output_modalities_are_read():
+    """``response.create``'s ``output_modalities`` (or the beta ``modalities``): this response's, instead of the session's."""
+    proto = P.ProtocolSession(ids=P.IdSource())
+    [ga, beta, none] = [proto.receive(json.dumps({"type": "response.create", "response": r}))[0]
+                        for r in ({"output_modalities": ["text"]}, {"modalities": ["text", "text"]}, {})]
+    assert (ga.output_modalities, beta.output_modalities, none.output_modalities) == (("text",), ("text",), None)
+    [bad] = proto.receive(json.dumps({"type": "response.create", "response": {"output_modalities": ["video"]}}))
+    assert (bad.code, bad.param) == ("invalid_value", "response.output_modalities")
+    created = validate(proto.response_created(modalities=["text"]))
+    assert created.response.output_modalities == ["text"] and proto.config.output_modalities == ("audio",)
 
 
 def test_function_tools_are_kept_and_echoed_in_the_session():
