@@ -11,11 +11,21 @@
   here that runs engines; ``server.session`` wires the three together on its thread).
 
 Users import the package: ``from server import realtime as P``, then ``P.ProtocolSession``, ``P.ItemCreate``...
-(``machine`` and ``loop_voice`` by their module names: they import the voice package, the rest does not need it).
+(``machine`` and ``loop_voice`` by their module names: they import the voice loop; the codec needs only ``voice.g711``).
 """
 
-from .codec import DEFAULT_MAX_MESSAGE_BYTES, PCM_DTYPE, IdSource, ProtocolSession, decode_pcm, encode_pcm
-from .config import DEFAULT_RATE, MAX_RATE, MIN_RATE, SessionConfig, TurnDetection, apply_session_update
+from .codec import DEFAULT_MAX_MESSAGE_BYTES, PCM_DTYPE, IdSource, ProtocolSession, decode_audio, decode_pcm, encode_audio, encode_pcm
+from .config import (
+    AUDIO_FORMATS,
+    DEFAULT_RATE,
+    G711_FORMATS,
+    G711_RATE,
+    MAX_RATE,
+    MIN_RATE,
+    SessionConfig,
+    TurnDetection,
+    apply_session_update,
+)
 from .events import (
     SERVER_EVENTS,
     ClientEvent,
@@ -37,11 +47,12 @@ from .events import (
 )
 
 __all__ = [
-    "DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_RATE", "MAX_RATE", "MIN_RATE", "PCM_DTYPE", "SERVER_EVENTS",
+    "AUDIO_FORMATS", "DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_RATE", "G711_FORMATS", "G711_RATE",
+    "MAX_RATE", "MIN_RATE", "PCM_DTYPE", "SERVER_EVENTS",
     "ClientEvent", "FunctionOutputCreate",
     "IdSource", "InputAudioAppend", "InputAudioClear", "InputAudioCommit", "ItemCreate", "ItemDelete",
     "ItemRetrieve", "ItemTruncate",
     "OutputAudioPlayed", "ProtocolError", "ProtocolSession", "ResponseCancel", "ResponseCreate", "ServerEvent",
     "SessionConfig", "SessionLatencyRequest", "SessionUpdate", "TurnDetection",
-    "apply_session_update", "decode_pcm", "encode_pcm",
+    "apply_session_update", "decode_audio", "decode_pcm", "encode_audio", "encode_pcm",
 ]

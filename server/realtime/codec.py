@@ -3,7 +3,7 @@
 Owns: ``ProtocolSession``, one connection's codec: parsing client JSON text into the typed client events of
 ``server.realtime.events``, building server events (one generic ``build(type, **fields)`` checked against
 ``SERVER_EVENTS``, and a named builder per event for the adapter) and id assignment (``event_<n>``,
-``item_<n>``, ``resp_<n>`` from an injected ``IdSource``); and the PCM16 base64 helpers.  It is sans-I/O
+``item_<n>``, ``resp_<n>`` from an injected ``IdSource``); and the audio base64 helpers (PCM16, G.711).  It is sans-I/O
 (DESIGN.md principle 1): no sockets, asyncio, threads or clocks; the websocket adapter feeds it text and
 writes out the text it returns.
 
@@ -28,8 +28,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from voice import g711
+
 from . import events as E
-from .config import FieldError, SessionConfig, apply_session_update, nonneg, read, tool_choice
+from .config import PCM, FieldError, SessionConfig, apply_session_update, nonneg, read, tool_choice
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20  # 1 MiB of JSON text: ~16 s of 24 kHz PCM16 in one append
 PCM_DTYPE = np.dtype("<i2")  # PCM16 little-endian, as the Realtime API sends it
@@ -69,6 +71,25 @@ def decode_pcm(text: str) -> np.ndarray:
     if len(raw) % 2:
         raise ValueError(f"{len(raw)} bytes is not a whole number of PCM16 samples (odd byte count)")
     return np.frombuffer(raw, dtype=PCM_DTYPE).astype(np.int16, copy=False)
+
+
+def encode_audio(samples: np.ndarray | bytes, kind: str = PCM) -> str:
+    """Output audio in the session's format ``kind`` as base64 text: PCM16 as it is, G.711 companded (``voice.g711``).
+    ``samples`` are PCM16 at the format's rate (raw bytes pass as they are: already in the format)."""
+    if kind == PCM or isinstance(samples, bytes | bytearray | memoryview):
+        return encode_pcm(samples)
+    return base64.b64encode(g711.CODECS[kind][0](samples)).decode("ascii")
+
+
+def decode_audio(text: str, kind: str = PCM) -> np.ndarray:
+    """base64 text in the session's input format ``kind`` -> int16 PCM samples.  Raises ``ValueError`` as ``decode_pcm``."""
+    if kind == PCM:
+        return decode_pcm(text)
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"not valid base64 ({e})") from None
+    return g711.CODECS[kind][1](raw)
 
 
 def _valid(text: str) -> bool:
@@ -193,7 +214,7 @@ class ProtocolSession:
     def _append(self, msg: dict, event_id: str | None) -> E.InputAudioAppend:
         audio = read(msg, "audio", str, "", required=True)
         try:
-            samples = decode_pcm(audio)
+            samples = decode_audio(audio, self.config.input_format)
         except ValueError as e:
             raise FieldError("invalid_audio", f"field 'audio' is {e}", "audio") from None
         return E.InputAudioAppend(event_id=event_id, samples=samples, rate=self.config.input_rate)
@@ -314,7 +335,7 @@ class ProtocolSession:
     def audio_delta(self, response_id: str, item_id: str, pcm: np.ndarray | bytes, output_index: int = 0,
                     content_index: int = 0) -> E.ServerEvent:
         return self.build("response.output_audio.delta", response_id=response_id, item_id=item_id, output_index=output_index,
-                          content_index=content_index, delta=encode_pcm(pcm))
+                          content_index=content_index, delta=encode_audio(pcm, self.config.output_format_type))
 
     def audio_done(self, response_id: str, item_id: str, output_index: int = 0, content_index: int = 0) -> E.ServerEvent:
         return self.build("response.output_audio.done", response_id=response_id, item_id=item_id, output_index=output_index,

@@ -1,6 +1,7 @@
 """The negotiated session configuration of a Realtime session, and its validation from ``session.update``.
 
-Owns: ``SessionConfig`` (instructions, voice, output modalities, input/output PCM rates) and ``TurnDetection``
+Owns: ``SessionConfig`` (instructions, voice, output modalities, input/output audio formats: ``audio/pcm`` at a rate,
+or G.711 ``audio/pcmu`` / ``audio/pcma`` at 8 kHz) and ``TurnDetection``
 (``semantic_vad``, the default: our end-of-turn model, ``voice.turn_end``; or ``server_vad``: silence alone),
 their wire form (the ``session`` object of ``session.created`` /
 ``session.updated``), and ``apply_session_update``: a ``session.update`` message checked field by field and
@@ -17,6 +18,11 @@ from typing import Any
 
 DEFAULT_RATE = 24000
 MIN_RATE, MAX_RATE = 8000, 48000
+PCM = "audio/pcm"
+#: the G.711 formats (``voice.g711``): one byte a sample, always 8 kHz, no ``rate`` on the wire
+G711_FORMATS = ("audio/pcmu", "audio/pcma")
+G711_RATE = 8000
+AUDIO_FORMATS = (PCM, *G711_FORMATS)
 
 
 TURN_DETECTION_TYPES = ("server_vad", "semantic_vad")
@@ -58,6 +64,9 @@ class SessionConfig:
     voice: str = "default"
     input_rate: int = DEFAULT_RATE
     output_rate: int = DEFAULT_RATE
+    #: ``audio/pcm`` (PCM16 at the rate), ``audio/pcmu`` or ``audio/pcma`` (G.711 at 8 kHz)
+    input_format: str = PCM
+    output_format_type: str = PCM
     turn_detection: TurnDetection | None = field(default_factory=lambda: TurnDetection(type="semantic_vad"))
     output_modalities: tuple[str, ...] = ("audio",)
     #: function tools as the client declared them (``{"type": "function", "name", "description", "parameters"}``);
@@ -75,7 +84,7 @@ class SessionConfig:
             "instructions": self.instructions,
             "output_modalities": list(self.output_modalities),
             "audio": {
-                "input": {"format": {"type": "audio/pcm", "rate": self.input_rate}, "turn_detection": td},
+                "input": {"format": wire_format(self.input_format, self.input_rate), "turn_detection": td},
                 "output": self.output_format(),
             },
             **({"tools": [dict(t) for t in self.tools]} if self.tools else {}),
@@ -84,7 +93,12 @@ class SessionConfig:
 
     def output_format(self) -> dict:
         """``audio.output``: of the session object, and of every response."""
-        return {"format": {"type": "audio/pcm", "rate": self.output_rate}, "voice": self.voice}
+        return {"format": wire_format(self.output_format_type, self.output_rate), "voice": self.voice}
+
+
+def wire_format(kind: str, rate: int) -> dict:
+    """A format object as openai's ``RealtimeAudioFormats`` has it: PCM with its rate, G.711 with its type alone."""
+    return {"type": kind, "rate": rate} if kind == PCM else {"type": kind}
 
 
 # --------------------------------------------------------------------------- field readers
@@ -124,20 +138,29 @@ def nonneg(v: int | None, path: str) -> int | None:
 # --------------------------------------------------------------------------- session.update
 
 
-def _format_rate(fmt: Any, path: str, current: int) -> int:
+def _format(fmt: Any, path: str, kind: str, rate: int) -> tuple[str, int]:
+    """``(type, rate)`` of a format object, from the current ``kind`` and ``rate`` for what it leaves out."""
     if fmt is None:
-        return current
+        return kind, rate
     if not isinstance(fmt, dict):
         raise FieldError("invalid_type", f"field '{path}' must be an object", path)
-    kind = read(fmt, "type", str, path)
-    if kind not in (None, "audio/pcm"):
-        raise FieldError("unsupported_format", f"audio format '{kind}' at '{path}' is not supported (only 'audio/pcm')", path + ".type")
-    rate = read(fmt, "rate", int, path)
-    if rate is None:
-        return current
-    if not MIN_RATE <= rate <= MAX_RATE:
-        raise FieldError("invalid_value", f"field '{path}.rate' must be in {MIN_RATE}..{MAX_RATE} Hz, got {rate}", path + ".rate")
-    return rate
+    new = read(fmt, "type", str, path)
+    if new not in (None, *AUDIO_FORMATS):
+        raise FieldError("unsupported_format", f"audio format '{new}' at '{path}' is not supported (only "
+                         f"{', '.join(map(repr, AUDIO_FORMATS))})", path + ".type")
+    if new is not None and new != kind:  # another format starts from its own rate
+        kind, rate = new, (DEFAULT_RATE if new == PCM else G711_RATE)
+    asked = read(fmt, "rate", int, path)
+    if kind in G711_FORMATS:
+        if asked not in (None, G711_RATE):
+            raise FieldError("invalid_value", f"field '{path}.rate' must be {G711_RATE} for '{kind}' (G.711), got {asked}",
+                             path + ".rate")
+        return kind, G711_RATE
+    if asked is None:
+        return kind, rate
+    if not MIN_RATE <= asked <= MAX_RATE:
+        raise FieldError("invalid_value", f"field '{path}.rate' must be in {MIN_RATE}..{MAX_RATE} Hz, got {asked}", path + ".rate")
+    return kind, asked
 
 
 def _turn_detection(td: Any, current: TurnDetection | None) -> TurnDetection:
@@ -204,12 +227,13 @@ def apply_session_update(msg: dict, cfg: SessionConfig) -> tuple[SessionConfig, 
     inp = read(audio, "input", dict, "session.audio") or {}
     out = read(audio, "output", dict, "session.audio") or {}
     if "format" in inp:
-        ch["input_rate"] = _format_rate(inp["format"], "session.audio.input.format", cfg.input_rate)
+        ch["input_format"], ch["input_rate"] = _format(inp["format"], "session.audio.input.format", cfg.input_format, cfg.input_rate)
     if "turn_detection" in inp:
         td = inp["turn_detection"]
         ch["turn_detection"] = None if td is None else _turn_detection(td, cfg.turn_detection)
     if "format" in out:
-        ch["output_rate"] = _format_rate(out["format"], "session.audio.output.format", cfg.output_rate)
+        ch["output_format_type"], ch["output_rate"] = _format(out["format"], "session.audio.output.format", cfg.output_format_type,
+                                                              cfg.output_rate)
     if out.get("voice") is not None:
         ch["voice"] = _voice(out["voice"], "session.audio.output.voice")
     if (tools := read(s, "tools", list, "session")) is not None:

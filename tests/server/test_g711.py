@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+
 import numpy as np
 import pytest
 
@@ -75,3 +78,59 @@ def test_a_sine_keeps_its_level_through_the_laws():
         y = decode(encode(x)).astype(np.float64)
         snr = 10 * np.log10(np.sum(x.astype(np.float64) ** 2) / np.sum((y - x) ** 2))
         assert snr > 30  # G.711's ~38 dB at speech levels
+
+
+# --------------------------------------------------------------------------- the Realtime codec's audio/pcmu and audio/pcma
+
+
+def _update(proto, audio: dict, event_id: str = "u1"):
+    from server import realtime as P
+
+    [ev] = proto.receive(json.dumps({"type": "session.update", "event_id": event_id, "session": {"type": "realtime", "audio": audio}}))
+    return ev if not isinstance(ev, P.ProtocolError) else ev
+
+
+@pytest.mark.parametrize("law", ["audio/pcmu", "audio/pcma"])
+def test_a_session_in_g711_echoes_the_format_and_codes_its_audio(law):
+    from openai.types import realtime as rt
+    from test_protocol import validate
+
+    from server import realtime as P
+
+    proto = P.ProtocolSession(ids=P.IdSource())
+    ev = _update(proto, {"input": {"format": {"type": law}}, "output": {"format": {"type": law}}})
+    assert isinstance(ev, P.SessionUpdate) and {"input_format", "input_rate", "output_format_type", "output_rate"} <= ev.changed
+    assert (ev.config.input_rate, ev.config.output_rate) == (8000, 8000)
+    for built in (proto.session_updated(), proto.session_created()):
+        session = json.loads(built.to_json())["session"]
+        assert session["audio"]["input"]["format"] == {"type": law}  # in full, as openai's AudioPCMU/AudioPCMA: no rate
+        assert session["audio"]["output"]["format"] == {"type": law}
+        validate(built)
+    assert isinstance(validate(proto.session_updated()).session.audio.input.format, rt.realtime_audio_formats.AudioPCMU
+                      if law == "audio/pcmu" else rt.realtime_audio_formats.AudioPCMA)
+    encode, decode = g711.CODECS[law]
+    speech = (np.sin(np.arange(160) / 3) * 8000).astype(np.int16)
+    [app] = proto.receive(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(encode(speech)).decode()}))
+    assert app.rate == 8000 and app.samples.dtype == np.int16 and np.array_equal(app.samples, decode(encode(speech)))
+    delta = validate(proto.audio_delta("resp_1", "item_1", speech))
+    assert base64.b64decode(delta.delta) == encode(speech)  # one byte a sample
+    assert json.loads(proto.response_created().to_json())["response"]["audio"]["output"]["format"] == {"type": law}
+
+
+def test_g711_rates_and_switching_back():
+    from server import realtime as P
+
+    proto = P.ProtocolSession(ids=P.IdSource())
+    before = proto.config
+    err = _update(proto, {"input": {"format": {"type": "audio/pcmu", "rate": 16000}}})
+    assert isinstance(err, P.ProtocolError) and err.code == "invalid_value" and err.param == "session.audio.input.format.rate"
+    assert proto.config == before
+    assert _update(proto, {"input": {"format": {"type": "audio/pcma", "rate": 8000}}}).config.input_rate == 8000
+    err = _update(proto, {"input": {"format": {"rate": 24000}}})  # a rate alone keeps the format: G.711 has one rate
+    assert isinstance(err, P.ProtocolError) and err.code == "invalid_value"
+    back = _update(proto, {"input": {"format": {"type": "audio/pcm"}}}).config  # PCM again, at its default rate
+    assert (back.input_format, back.input_rate) == ("audio/pcm", 24000)
+    err = _update(proto, {"output": {"format": {"type": "audio/opus"}}})
+    assert isinstance(err, P.ProtocolError) and err.code == "unsupported_format" and "audio/pcmu" in err.message
+    [bad] = proto.receive(json.dumps({"type": "input_audio_buffer.append", "audio": "not base64!"}))
+    assert isinstance(bad, P.ProtocolError) and bad.code == "invalid_audio"

@@ -192,7 +192,7 @@ def test_client_events_as_the_sdk_sends_them():
                                       P.SessionLatencyRequest]
     up = out[0]
     assert up.event_id == "c1" and up.changed == {"instructions", "output_modalities", "input_rate", "output_rate", "turn_detection",
-                                                   "voice"}
+                                                   "voice", "input_format", "output_format_type"}
     assert proto.config == up.config and up.config.voice == "marin" and up.config.instructions == "Be brief."
     assert up.config.turn_detection == P.TurnDetection(threshold=0.6, silence_duration_ms=400, prefix_padding_ms=200)
     assert out[1].event_id == "c2" and len(out[1].samples) == 4 and out[3].event_id == "c3"
@@ -222,7 +222,7 @@ def test_session_update_partial_rate_and_vad_off():
     # a rejected update changes nothing
     before = proto.config
     [err] = proto.receive(json.dumps({"type": "session.update", "event_id": "u9", "session": {
-        "instructions": "changed", "audio": {"input": {"format": {"type": "audio/pcmu"}}}}}))
+        "instructions": "changed", "audio": {"input": {"format": {"type": "audio/g729"}}}}}))
     assert isinstance(err, P.ProtocolError) and err.code == "unsupported_format" and err.event_id == "u9"
     assert proto.config == before
 
