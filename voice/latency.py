@@ -24,12 +24,17 @@ MARKS = (
     "first_phrase",  # first speakable phrase handed to TTS
     "tts_first_audio",  # first PCM chunk of the answer out of TTS
     "answer_audio",  # first sample of the answer played
+    "answer_text",  # a text-only answer's first phrase handed out (no audio: its first text is the answer)
     "first_audio",  # first sample of any agent audio (an acknowledgement counts here)
     "done",  # last answer sample handed to the output, or the turn was cut
 )
 
 STAGES = ("endpoint_ms", "asr_ms", "llm_first_token_ms", "first_phrase_ms", "tts_first_audio_ms", "hold_ms",
           "voice_to_voice_ms", "first_audio_ms")
+#: A text-only answer's (``LoopConfig.speak`` off, a Realtime ``output_modalities: ["text"]``): the user's last voiced
+#: sample -> its first phrase handed out.  It has no ``tts_first_audio_ms``, ``hold_ms`` or ``voice_to_voice_ms``; this
+#: figure is the one held against the budget instead.
+TEXT_STAGES = ("voice_to_text_ms",)
 #: The work itself, wherever it ran (at the pause or after the endpoint): the critical path from the start of the
 #: final transcript's ASR to the answer's first audio out of TTS, and its ASR and end-of-turn scoring.
 WORK = ("asr_run_ms", "turn_end_score_ms", "critical_path_ms")
@@ -111,6 +116,7 @@ class TurnReport:
             "hold_ms": _span(s, "tts_first_audio", "answer_audio"),
             "voice_to_voice_ms": _span(s, "last_voiced", "answer_audio"),
             "first_audio_ms": _span(s, "last_voiced", "first_audio"),
+            "voice_to_text_ms": _span(s, "last_voiced", "answer_text"),
         }
 
     @property
@@ -118,13 +124,19 @@ class TurnReport:
         return self.latency_ms["voice_to_voice_ms"]
 
     @property
-    def within_budget(self) -> bool:
+    def answer_ms(self) -> float | None:
+        """The figure held against the budget: voice-to-voice, or for a text-only answer voice-to-text."""
         v = self.voice_to_voice_ms
+        return _span(self.stamps, "last_voiced", "answer_text") if v is None else v
+
+    @property
+    def within_budget(self) -> bool:
+        v = self.answer_ms
         return v is not None and v <= self.budget_ms
 
     @property
     def overrun_ms(self) -> float:
-        v = self.voice_to_voice_ms
+        v = self.answer_ms
         return math.inf if v is None else max(0.0, v - self.budget_ms)
 
     @property
@@ -169,13 +181,16 @@ def summarize(reports: list[TurnReport]) -> dict:
     out = {"turns": len(reports)}
     for stage in STAGES:
         out[stage] = _p50_p95([r.latency_ms[stage] for r in reports])
+    for stage in TEXT_STAGES:  # (only with text-only answers)
+        if any(r.latency_ms[stage] is not None for r in reports):
+            out[stage] = _p50_p95([r.latency_ms[stage] for r in reports])
     for name in WORK:
         out[name] = _p50_p95([r.work_ms[name] for r in reports])
     rules = [r.end_of_turn["rule"] for r in reports if r.end_of_turn]
     out["end_of_turn_rules"] = {rule: rules.count(rule) for rule in sorted(set(rules))}
     taken = [m for r in reports for m in r.mitigations]
     out["mitigations"] = {m: taken.count(m) for m in dict.fromkeys(taken)}  # turns that took each, first seen first
-    answered = [r for r in reports if r.voice_to_voice_ms is not None]
+    answered = [r for r in reports if r.answer_ms is not None]
     out["within_budget"] = sum(r.within_budget for r in reports)
     out["budget_hit_rate"] = round(out["within_budget"] / len(reports), 3) if reports else None
     out["answered"] = len(answered)

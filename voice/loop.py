@@ -261,17 +261,18 @@ class VoiceLoop(Speculation, ReplyPump):
         self._task.end_of_turn = {"rule": "manual"}
         return True
 
-    def respond_text(self, text: str | None) -> bool:
+    def respond_text(self, text: str | None, speak: bool | None = None) -> bool:
         """Answer a typed user message (``conversation.item.create`` + ``response.create``); the
         turn has no voice stages.  ``text`` None: no new user message, the LLM goes on from the
-        conversation as it stands (after a tool's result).  False while another answer is in progress."""
+        conversation as it stands (after a tool's result); ``speak``: this answer's audio or text only (None:
+        ``LoopConfig.speak``).  False while another answer is in progress."""
         if self._task is not None:
             return False
         self._drop_spec()
         self._new_trace(self.input.end_sample)  # a typed turn: no audio of its own
         self._trace.mark("endpoint", self.clock.now(), overwrite=True)
         self.turns.fire(TurnEvent.SPEECH_STOPPED)
-        self._task = self._start_text(Kind.ANSWER if text is not None else Kind.CONTINUATION, text or "")
+        self._task = self._start_text(Kind.ANSWER if text is not None else Kind.CONTINUATION, text or "", speak)
         return True
 
     def cancel(self, reason: str = "client_cancelled") -> bool:
@@ -364,7 +365,7 @@ class VoiceLoop(Speculation, ReplyPump):
         if r is None or tr is None:
             return
         now = self.clock.now()
-        if (self.cfg.ack or "ack" in r.steps) and not r.answered and "ack" not in tr.mitigations and self.e.ack_pcm is not None:
+        if (self.cfg.ack or "ack" in r.steps) and r.speak and not r.answered and "ack" not in tr.mitigations and self.e.ack_pcm is not None:
             lv = tr.stamps.get("last_voiced")
             if lv is not None and now >= lv + self.cfg.ack_after_ms / 1000:
                 t = self.playout.schedule(now, len(self.e.ack_pcm) / self.e.tts.sample_rate)
@@ -426,7 +427,7 @@ class VoiceLoop(Speculation, ReplyPump):
         r = self._task
         self.sink.clear_after(now)
         self.playout.stop(now)
-        heard = self.playout.heard(now)
+        heard = self.playout.heard(now) if r is None or r.speak else " ".join(r.phrases[:r.announced])  # (text: handed out)
         if r is not None:
             r.close()
         self._drop_spec()

@@ -47,6 +47,10 @@ class LoopConfig:
     #: with turn detection, this long (ms) without a turn after the last answer finished playing (or since the loop
     #: began) makes the loop prompt the user (``IDLE_PROMPT``), as a Realtime ``idle_timeout_ms`` does; None: never
     idle_timeout_ms: int | None = None
+    #: the answer is spoken (TTS, audio to the sink); False: text only (a Realtime ``output_modalities: ["text"]``): its
+    #: phrases are cut and announced (``PhraseStarted``) as text when handed out, nothing is synthesized or played, and
+    #: the turn's answer stamp is its first phrase handed out (``answer_text``, ``voice_to_text_ms``)
+    speak: bool = True
     pace: bool = False  # the answer follows the simulated deployment's clock (see the module docstring)
     #: Semantic end of turn (``voice.turn_end``): at each pause the speculative transcript is scored and the policy picks
     #: the silence that closes the turn (a confident end sooner, an unfinished one later); None: ``endpointer.stop_ms``

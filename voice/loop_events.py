@@ -42,12 +42,16 @@ class TranscriptFinal:
 
 @dataclass(frozen=True, slots=True)
 class ResponseStarted:
-    """An answer to the turn begins."""
+    """An answer to the turn begins; ``audio``: it is spoken (False: text only, ``LoopConfig.speak``: its phrases come as
+    ``PhraseStarted`` with no audio)."""
+
+    audio: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class PhraseStarted:
-    """Phrase ``index`` of the answer, just before its first audio (starting at ``start_s``) goes to the sink."""
+    """Phrase ``index`` of the answer, just before its first audio (starting at ``start_s``) goes to the sink; of a text-only
+    answer, as it is handed out (``start_s``: then)."""
 
     index: int
     text: str

@@ -59,17 +59,18 @@ class ReplyPump:
     _trace: TurnTrace | None
     on_partial: Callable[[str], None] | None
 
-    def _start_text(self, kind: Kind, text: str) -> Response:
-        """A response to no audio of its own (a typed turn, the conversation going on, the idle prompt)."""
+    def _start_text(self, kind: Kind, text: str, speak: bool | None = None) -> Response:
+        """A response to no audio of its own (a typed turn, the conversation going on, the idle prompt); ``speak``: this
+        response's own choice of audio or text only (None: ``LoopConfig.speak``)."""
         end = self.input.end_sample
-        r = Response(first_voiced=end, last_voiced=end, phase=Phase.ANSWERING, kind=kind)
+        r = Response(first_voiced=end, last_voiced=end, phase=Phase.ANSWERING, kind=kind, speak=self.cfg.speak if speak is None else speak)
         r.gen = self._respond(r, None, text=text)
         return r
 
     def _start(self, first: int, last: int, speculative: bool, kind: Kind = Kind.ANSWER) -> Response:
         pad = self.cfg.padding_ms * ASR_RATE // 1000
         r = Response(first_voiced=first, last_voiced=last, phase=Phase.SPECULATING if speculative else Phase.ANSWERING, kind=kind,
-                     heard_until=min(self.input.end_sample, last + pad))
+                     heard_until=min(self.input.end_sample, last + pad), speak=self.cfg.speak)
         audio = self.input.utterance(first, last, self.cfg.padding_ms)
         missing = last + pad - r.heard_until
         if speculative and missing > 0:
@@ -89,8 +90,10 @@ class ReplyPump:
             return r.steps
         self.mitigation.cfg = self.cfg.mitigation  # (the settings in force: ``configure`` may have changed them)
         elapsed_ms = (self.clock.now() - self.audio_time(r.last_voiced)) * 1000
+        if not r.speak:  # text only: no TTS ahead, and no acknowledgement sound to play
+            ahead = tuple(s for s in ahead if s != "tts")
         r.forecast_ms = self.mitigation.forecast_ms(elapsed_ms, ahead)
-        ack = self.e.ack_pcm
+        ack = self.e.ack_pcm if r.speak else None
         ack_end_ms = None if ack is None else self.cfg.ack_after_ms + len(ack) * 1000 / self.e.tts.sample_rate
         for step in self.mitigation.plan(r.forecast_ms, self.cfg.budget_ms, ack_end_ms):
             if step not in r.steps:
@@ -104,8 +107,9 @@ class ReplyPump:
     def _due(self, r: Response, now: float) -> float:
         """When ``r``'s next piece of work is due, on ``time.monotonic()`` (the compute shared with other sessions is
         served earliest deadline first, ``decode.batching.deadline``): before its first audio, the budget after the
-        user's last voiced sample; once speaking, the moment the audio handed out so far runs out."""
-        local = self.playout.cursor if r.answered else self.audio_time(r.last_voiced) + self.cfg.budget_ms / 1000
+        user's last voiced sample; once speaking, the moment the audio handed out so far runs out (text only: the budget
+        still, as no audio runs out)."""
+        local = self.playout.cursor if r.answered and r.speak else self.audio_time(r.last_voiced) + self.cfg.budget_ms / 1000
         return time.monotonic() + (local - now)
 
     def _respond(self, r: Response, audio: np.ndarray | None, text: str | None = None):
@@ -204,6 +208,13 @@ class ReplyPump:
         r.phrases.append(text)
         r.stamp("first_phrase", clock.now())
         self._sim_stamp(r, "first_phrase")
+        if not r.speak:  # text only: the phrase is handed out as it is (or held with the speculative answer), never synthesized
+            if r.released:
+                self._play(r, index, None)
+            else:
+                r.held.append((index, None))
+            yield
+            return
         synth = self.e.tts.synthesize(text)
         try:
             while True:
@@ -231,7 +242,7 @@ class ReplyPump:
         if r.user_turn:
             self._emit(TranscriptFinal(text=r.transcript))
         if (has_words(r.transcript) or not r.user_turn) and r.kind is not Kind.TRANSCRIBE:
-            self._emit(ResponseStarted())
+            self._emit(ResponseStarted(audio=r.speak))
 
     def _release(self, r: Response) -> None:
         """The endpoint confirmed ``r``: its held audio may play now."""
@@ -242,13 +253,24 @@ class ReplyPump:
         r.held.clear()
         self._flush_calls(r)
 
-    def _play(self, r: Response, index: int, pcm: np.ndarray) -> None:
+    def _play(self, r: Response, index: int, pcm: np.ndarray | None) -> None:
+        """Phrase ``index``'s audio ``pcm`` to the sink, the phrases up to it announced first; ``pcm`` None: a text-only
+        answer's phrase, handed out now with no audio (its first one is the answer's ``answer_text`` stamp)."""
         first = not r.answered
         announced = []
         while r.announced <= index:
             announced.append((r.announced, r.phrases[r.announced]))
-            self.playout.begin_phrase(r.phrases[r.announced])
+            if pcm is not None:
+                self.playout.begin_phrase(r.phrases[r.announced])
             r.announced += 1
+        if pcm is None:
+            t = self.clock.now()
+            for i, text in announced:
+                self._emit(PhraseStarted(index=i, text=text, start_s=t))
+            if first:
+                self._trace.mark("answer_text", t)
+                self.turns.fire(TurnEvent.ANSWER_AUDIO)  # (the answer is out: speech over it now is a barge-in)
+            return
         t = self.playout.play(self.clock.now(), len(pcm) / self.e.tts.sample_rate)
         for i, text in announced:
             self._emit(PhraseStarted(index=i, text=text, start_s=t))

@@ -79,6 +79,7 @@ class Response:
     last_voiced: int
     phase: Phase
     kind: Kind = Kind.ANSWER
+    speak: bool = True  # spoken (TTS); False: text only, its phrases handed out as text (``LoopConfig.speak``)
     heard_until: int = 0  # the end (exclusive) of the audio it transcribes
     stamps: dict = field(default_factory=dict)
     transcript: str | None = None  # None until transcribed
@@ -149,7 +150,7 @@ class Response:
 
     @property
     def answered(self) -> bool:
-        """Some of its audio went to the sink."""
+        """Some of it went out: audio to the sink, or (text only) a phrase handed out."""
         return self.announced > 0
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -115,6 +116,8 @@ class LoopVoice:
                                                   prefix_padding_ms=td.prefix_padding_ms, interrupt_response=td.interrupt_response,
                                                   create_response=td.create_response, idle_timeout_ms=td.idle_timeout_ms)
             loop.configure(lc)
+        if "output_modalities" in ev.changed:  # ["text"]: the answers are text only, never synthesized
+            loop.configure(replace(loop.cfg, speak="audio" in cfg.output_modalities))
         if "output_rate" in ev.changed:
             self._out_rs = Resampler(self.shared.sample_rate, cfg.output_rate)
         self.config = cfg
@@ -160,12 +163,12 @@ class LoopVoice:
         llm.instructions = None
         return need, llm.n_ctx
 
-    def respond(self, text: str | None, instructions: str | None, tool_choice: str | dict | None) -> bool:
+    def respond(self, text: str | None, instructions: str | None, tool_choice: str | dict | None, audio: bool) -> bool:
         llm = self.loop.e.llm
         llm.instructions = instructions  # (the next reply's only)
         if tool_choice is not None:
             self._set_tools(llm, tool_choice)
-        if self.loop.respond_text(text):
+        if self.loop.respond_text(text, speak=audio):
             return True
         llm.instructions = None
         return False

@@ -9,8 +9,9 @@ in tests).
 
 Owns: the conversation's items (the last ``MAX_ITEMS``, each with the id of the one before it, for retrieve, delete
 and truncate), the user's typed text waiting for ``response.create``, and the responses: a ``Response`` holds its
-output items in order (its assistant message, added on its first audio or phrase, with one audio content part; its
-tool calls), its audio in output samples since the session began, and the words of it that were heard (``Playout``).
+output items in order (its assistant message, added on its first audio or phrase, with one content part: audio, or
+text for a text-only response (``output_modalities: ["text"]``, the session's or the response's own); its tool
+calls), its audio in output samples since the session began, and the words of it that were heard (``Playout``).
 
 A response's life is ``ResponseState``; ``TRANSITIONS`` is the one table of the moves allowed, and a move it has no
 entry for raises ``IllegalTransition`` (a bug, never the client's doing: the client's mistakes are error events).
@@ -82,8 +83,9 @@ class Voice(Protocol):
     def prompt_tokens(self, text: str, instructions: str | None) -> tuple[int, int]:
         """(tokens the answer to ``text`` needs with ``instructions`` and room for the reply, the context's size)."""
 
-    def respond(self, text: str | None, instructions: str | None, tool_choice: str | dict | None) -> bool:
-        """Answer ``text`` (None: go on after the tools' results); False while another answer is in progress."""
+    def respond(self, text: str | None, instructions: str | None, tool_choice: str | dict | None, audio: bool) -> bool:
+        """Answer ``text`` (None: go on after the tools' results), spoken or (``audio`` False) in text only; False while
+        another answer is in progress."""
 
     def cancel(self, reason: str) -> bool: ...
 
@@ -151,6 +153,11 @@ class Response:
     message_index: int | None = None  # the assistant message's output index, once it was added
     outputs: list[tuple[str, str]] = field(default_factory=list)  # ("message", item id) or ("call", call id), in order
     calls: dict[str, Call] = field(default_factory=dict)  # by call id
+    audio: bool = True  # spoken (an output_audio part); False: text only (output_text), as the loop said it starts
+
+    @property
+    def modalities(self) -> list[str]:
+        return ["audio"] if self.audio else ["text"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -200,7 +207,7 @@ class RealtimeConversation:
 
     def audio(self, pcm: np.ndarray) -> list[Output]:
         """The loop plays ``pcm`` (resampled to the output rate) for the response in progress."""
-        if self.responding:
+        if self.responding and self.current.audio:  # (a text-only response has none)
             self._audio(self.current, pcm)
         return self._take()
 
@@ -312,7 +319,8 @@ class RealtimeConversation:
                                             f"instructions and room for the answer takes {need} tokens, over the {n_ctx}-token "
                                             "context; the text items were dropped", ev.event_id, "item.content"))
                 return
-        if not self.voice.respond(text, instructions, ev.tool_choice):
+        audio = "audio" in (ev.output_modalities or self.config.output_modalities)  # (this response's, else the session's)
+        if not self.voice.respond(text, instructions, ev.tool_choice, audio):
             self._error(E.ProtocolError("conversation_already_has_active_response",
                                         "a response is in progress; cancel it or wait for response.done", ev.event_id))
             return
@@ -330,8 +338,10 @@ class RealtimeConversation:
 
     def _on_truncate(self, ev: E.ItemTruncate) -> None:
         r = self._responses.get(ev.item_id)
-        if r is None:
-            self._error(E.ProtocolError("item_not_found", f"no assistant audio item '{ev.item_id}'", ev.event_id, "item_id"))
+        if r is None or not r.audio:
+            what = "no assistant audio item" if r is None else "only audio can be truncated: text-only assistant item"
+            self._error(E.ProtocolError("item_not_found" if r is None else "invalid_value", f"{what} '{ev.item_id}'", ev.event_id,
+                                        "item_id"))
             return
         rate = self.proto.config.output_rate
         if ev.audio_end_ms * rate // 1000 > r.samples:
@@ -420,7 +430,8 @@ class RealtimeConversation:
 
     def _on_response_started(self, ev: L.ResponseStarted) -> None:
         r = self._move("started")
-        created = self.proto.response_created(r.metadata)
+        r.audio = ev.audio
+        created = self.proto.response_created(r.metadata, r.modalities)
         r.id, r.item_id = created.response_id, self.proto.new_item_id()
         r.last_voiced = self._last_voiced if self._user_item is not None else None  # (a spoken turn's)
         self._user_item = None
@@ -433,8 +444,12 @@ class RealtimeConversation:
         if self.responding:
             r = self.current
             index = self._message(r)
+            delta = ev.text if ev.index == 0 else " " + ev.text
+            if not r.audio:  # text only: the phrase is the text
+                self._emit(self.proto.text_delta(r.id, r.item_id, delta, index))
+                return
             r.playout.begin_phrase(ev.text)  # the audio sent from now on is this phrase's
-            self._emit(self.proto.transcript_delta(r.id, r.item_id, ev.text if ev.index == 0 else " " + ev.text, index))
+            self._emit(self.proto.transcript_delta(r.id, r.item_id, delta, index))
 
     def _on_idle_timeout(self, ev: L.IdleTimeout) -> None:
         """``idle_timeout_ms`` passed with no speech: the silent audio becomes an (empty) user item, then the prompt."""
@@ -492,22 +507,24 @@ class RealtimeConversation:
                 if not ev.cancelled:
                     self._audio(r, tail)
                 self._emit(self.proto.audio_done(r.id, r.item_id, index))
-            self._emit(self.proto.transcript_done(r.id, r.item_id, ev.spoken, index))
-            self._emit(self.proto.content_part_done(r.id, r.item_id, ev.spoken, index))
-            item = self.proto.assistant_item(r.item_id, ev.spoken, status)
+            done = self.proto.transcript_done if r.audio else self.proto.text_done
+            self._emit(done(r.id, r.item_id, ev.spoken, index))
+            self._emit(self.proto.content_part_done(r.id, r.item_id, ev.spoken, index, text=not r.audio))
+            item = self.proto.assistant_item(r.item_id, ev.spoken, status, text=not r.audio)
             self._emit(self.proto.output_item_done(r.id, item, index))
             self._item_done(item)
         output = []
         for kind, key in r.outputs:
             if kind == "message":
-                output.append(self.proto.assistant_item(r.item_id, ev.spoken, status))
+                output.append(self.proto.assistant_item(r.item_id, ev.spoken, status, text=not r.audio))
             else:
                 c = r.calls[key]
                 output.append(self.proto.function_call_item(c.item_id, key, c.name, c.arguments, "completed" if c.done else "incomplete"))
         if ev.error:
             self._error(E.ProtocolError("llm_backend_failed", ev.error, type="server_error"))
         self._emit(self.proto.response_done(r.id, r.item_id, ev.spoken, cancelled=ev.cancelled, reason=ev.reason or "client_cancelled",
-                                            metadata=r.metadata, usage=self.voice.usage(), output=output, error=ev.error))
+                                            metadata=r.metadata, usage=self.voice.usage(), output=output, error=ev.error,
+                                            modalities=r.modalities))
 
     # -- items, audio, latency -------------------------------------------------------------------
 
@@ -538,7 +555,7 @@ class RealtimeConversation:
             item = self.proto.assistant_item(r.item_id, None, "in_progress")
             self._emit(self.proto.output_item_added(r.id, item, r.message_index))
             self._add_item(item)
-            self._emit(self.proto.content_part_added(r.id, r.item_id, r.message_index))
+            self._emit(self.proto.content_part_added(r.id, r.item_id, r.message_index, text=not r.audio))
         return r.message_index
 
     def _audio(self, r: Response, pcm: np.ndarray) -> None:

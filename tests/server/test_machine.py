@@ -48,6 +48,7 @@ class StandInVoice:
         self.on_cancel = None
         self.tail = np.zeros(0, np.int16)
         self.asked: list[tuple] = []
+        self.spoken: list[bool] = []  # each respond()'s audio (False: text only)
 
     def update(self, ev):
         self.asked.append(("update", ev.changed))
@@ -69,8 +70,9 @@ class StandInVoice:
     def prompt_tokens(self, text, instructions):
         return self.need, self.n_ctx
 
-    def respond(self, text, instructions, tool_choice):
+    def respond(self, text, instructions, tool_choice, audio):
         self.asked.append(("respond", text, instructions, tool_choice))
+        self.spoken.append(audio)
         return not self.busy
 
     def cancel(self, reason):
@@ -373,3 +375,61 @@ def test_loop_voice_and_the_stand_in_have_what_the_machine_asks():
                 assert isinstance(getattr(cls, m, None), property) or cls is StandInVoice, (cls, m)
             else:
                 assert list(inspect.signature(getattr(cls, m)).parameters) == list(inspect.signature(want).parameters), (cls, m)
+
+
+# -- text-only output ---------------------------------------------------------------------------------------------------
+
+
+def test_a_text_only_session_answers_in_output_text_only():
+    """``output_modalities: ["text"]``: the loop is asked for text only, and the answer's phrases go out as
+    ``response.output_text.*`` in an ``output_text`` part; no audio event of any kind."""
+    s = Scene()
+    out = s.client(type="session.update", session={"output_modalities": ["text"]})
+    assert types(out) == ["session.updated"] and out[0].session["output_modalities"] == ["text"]
+    s.client(type="conversation.item.create", item={"type": "message", "role": "user",
+                                                    "content": [{"type": "input_text", "text": "Hours?"}]})
+    s.client(type="response.create")
+    assert s.voice.spoken == [False]
+    s.wire.clear()
+    [created] = s.loop(L.ResponseStarted(audio=False))
+    assert created.response["output_modalities"] == ["text"]
+    out = s.loop(L.PhraseStarted(index=0, text="Nine", start_s=0.0)) + s.loop(L.PhraseStarted(index=1, text="to five.", start_s=0.0))
+    assert types(out) == ["response.output_item.added", "conversation.item.added", "response.content_part.added",
+                          "response.output_text.delta", "response.output_text.delta"]
+    assert out[2].part == {"type": "text", "text": ""} and [e.delta for e in out[3:]] == ["Nine", " to five."]
+    assert s.m.audio(np.ones(10, np.int16)) == []  # (a text response has no audio, whatever is played)
+    s.voice.tail = np.ones(7, np.int16)
+    out = s.loop(ended("Nine to five."))
+    assert types(out) == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "conversation.item.done", "response.done"]
+    assert out[0].text == "".join(e.delta for e in s.wire if e.type == "response.output_text.delta") == "Nine to five."
+    assert out[1].part == {"type": "text", "text": "Nine to five."}
+    done = out[-1].response
+    assert done["output_modalities"] == ["text"] and done["output"][0]["content"] == [{"type": "output_text", "text": "Nine to five."}]
+    assert not [e for e in s.wire if isinstance(e, AudioOut) or "audio" in e.type]
+    item = done["output"][0]["id"]
+    [got] = s.client(type="conversation.item.retrieve", item_id=item)
+    assert got.item["content"] == [{"type": "output_text", "text": "Nine to five."}]
+    err = error(s.client(type="conversation.item.truncate", item_id=item, content_index=0, audio_end_ms=0))
+    assert (err["code"], err["param"]) == ("invalid_value", "item_id")  # only audio is truncated
+
+
+def test_response_create_output_modalities_are_that_responses_own():
+    """``response.create``'s ``output_modalities`` (or the beta ``modalities``) override the session's for that response."""
+    s = Scene()
+    text = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hours?"}]}
+    for params, spoken in (({"output_modalities": ["text"]}, False), ({"modalities": ["text"]}, False), ({}, True),
+                           ({"output_modalities": ["audio"]}, True)):
+        s.client(type="conversation.item.create", item=text)
+        s.client(type="response.create", response=params)
+        assert s.voice.spoken[-1] is spoken
+        [created] = s.loop(L.ResponseStarted(audio=spoken))
+        assert created.response["output_modalities"] == (["audio"] if spoken else ["text"])
+        out = s.loop(L.PhraseStarted(index=0, text="Nine.", start_s=0.0))
+        assert types(out)[-1] == ("response.output_audio_transcript.delta" if spoken else "response.output_text.delta")
+        done = s.loop(ended("Nine."))[-1].response
+        assert done["output"][0]["content"][0]["type"] == ("output_audio" if spoken else "output_text")
+    s.client(type="session.update", session={"output_modalities": ["text"]})
+    s.client(type="conversation.item.create", item=text)
+    s.client(type="response.create", response={"output_modalities": ["audio"]})  # a text session, one spoken answer
+    assert s.voice.spoken[-1] is True
