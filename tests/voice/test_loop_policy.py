@@ -881,3 +881,82 @@ def test_the_steps_come_in_their_fixed_order_and_their_thresholds_must_too():
     assert m.plan(750, 500, ack_end_ms=760) == ORDER[:1] and m.plan(761, 500, ack_end_ms=760) == ORDER
     with pytest.raises(ValueError, match="must grow"):
         MitigationConfig(ack_over_ms=300, short_asr_window_over_ms=200)
+
+
+# -- text only (LoopConfig.speak off: a Realtime output_modalities ["text"]) ------------------------------------------
+
+
+class CountingSynthesizer(ToneSynthesizer):
+    """The stand-in voice, counting every synthesize() call."""
+
+    def __init__(self, clock: StandInClock):
+        super().__init__(clock)
+        self.calls: list[str] = []
+
+    def synthesize(self, text: str):
+        self.calls.append(text)
+        return super().synthesize(text)
+
+
+def _counted(s: Scene) -> CountingSynthesizer:
+    s.loop.e.tts = CountingSynthesizer(s.clock)
+    return s.loop.e.tts
+
+
+def test_a_text_only_turn_hands_its_phrases_out_unsynthesized_and_is_timed_to_its_first_text():
+    """``speak`` off: the speculative answer's phrases are held, then handed out at the endpoint as ``PhraseStarted``
+    with no audio; nothing is synthesized, no acknowledgement plays (though it is due), and the turn's answer is its first
+    phrase handed out (``answer_text``, ``voice_to_text_ms``): voice-to-voice is not measured."""
+    s = Scene(LoopConfig(speak=False, ack=True, ack_after_ms=100), ack_pcm=ACK)
+    tts = _counted(s)
+    s.at(STARTED.sample, STARTED)
+    s.at(PAUSED.sample, PAUSED)
+    s.silence_until(STOPPED.sample)
+    assert s.kinds() == ["UserSpeechStarted"]  # ready, and held like audio
+    s.loop.on_vad(STOPPED)
+    assert s.events[1:] == [
+        UserSpeechStopped(first_voiced_sample=FIRST, last_voiced_sample=LAST, endpoint_sample=STOPPED.sample),
+        TranscriptFinal(text=QUESTION),
+        ResponseStarted(audio=False),
+        PhraseStarted(index=0, text="Sure.", start_s=_approx(1.9)),
+        PhraseStarted(index=1, text="We open at nine.", start_s=_approx(1.9)),
+    ]
+    s.loop.finish()
+    end = s.events[-1]
+    assert isinstance(end, TurnEnded) and (end.spoken, end.reason) == (ANSWER, None)
+    assert tts.calls == [] and s.sink.calls == []  # no TTS work, no audio (not even the acknowledgement)
+    r = end.report
+    assert s.loop.reports == [r]
+    assert {"tts_first_audio", "answer_audio", "first_audio"}.isdisjoint(r.stamps)
+    assert r.stamps["first_phrase"] == _approx(1.72) and r.stamps["answer_text"] == _approx(1.9)
+    lat = r.latency_ms
+    assert lat["voice_to_voice_ms"] is None and lat["voice_to_text_ms"] == _approx(400.0625)
+    assert r.answer_ms == lat["voice_to_text_ms"] and r.within_budget and r.to_dict()["latency_ms"]["voice_to_text_ms"] == 400.1
+    assert s.llm.commits == [(QUESTION, ANSWER)] and s.loop.turns.state is TurnState.LISTENING
+
+
+def test_a_spoken_turn_has_no_voice_to_text_figure():
+    s = Scene()
+    s.at(STARTED.sample, STARTED)
+    s.at(STOPPED.sample, STOPPED)
+    s.loop.finish()
+    (r,) = s.loop.reports
+    assert r.latency_ms["voice_to_text_ms"] is None and r.answer_ms == r.voice_to_voice_ms is not None
+
+
+def test_a_response_may_be_text_only_in_a_spoken_loop_and_a_barge_in_keeps_what_was_handed_out():
+    s = Scene(LoopConfig(speculative=False), replies={"Hours?": ANSWER, "Again?": ANSWER})
+    tts = _counted(s)
+    assert s.loop.respond_text("Hours?", speak=False)
+    while not any(isinstance(e, PhraseStarted) for e in s.events):
+        assert s.loop.step()
+    assert s.events[-2:] == [ResponseStarted(audio=False), PhraseStarted(index=0, text="Sure.", start_s=_approx(s.clock.now()))]
+    now = s.loop.input.end_sample
+    s.loop.on_vad(SpeechStarted(sample=now, first_voiced_sample=now))  # the user speaks over the text still coming
+    cut = [e for e in s.events if isinstance(e, TurnEnded)]
+    assert [(e.spoken, e.reason) for e in cut] == [("Sure.", "turn_detected")] and s.llm.commits == [("Hours?", "Sure.")]
+    s.loop.clear_input()
+    assert tts.calls == [] and [c[0] for c in s.sink.calls] == ["clear_after"]  # nothing played
+    assert s.loop.respond_text("Again?")  # the loop's own setting again: spoken
+    s.loop.finish()
+    assert ResponseStarted(audio=True) in s.events and tts.calls == ["Sure.", "We open at nine."] and s.sink.calls
