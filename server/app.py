@@ -37,6 +37,7 @@ from .memory import trim
 from .metrics import CONTENT_TYPE, Metrics
 from .realtime import IdSource, ProtocolError
 from .session import Limits, RealtimeSession
+from .webrtc import CALLS_PATH, WebRTCCalls
 
 log = logging.getLogger("wafervox.server")
 STATIC = Path(__file__).parent / "static"
@@ -211,7 +212,7 @@ class _Front:
         too_big = f"the request line and headers are over {MAX_HEAD_BYTES} bytes"
         if kind == "http":
             send = closing(send)
-            if scope["method"] != "GET":
+            if scope["method"] != "GET" and scope["path"] != CALLS_PATH:  # (the WebRTC offer: below, as a route)
                 if over:
                     await srv.chat.refuse(send, receive, ApiError(431, too_big, code="request_too_large"), True)
                 else:
@@ -248,12 +249,14 @@ class VoiceServer:
         #: POST /v1/chat/completions (and any request but a GET); its completions share the sessions' slots
         self.chat = ChatAPI(shared, metrics=self.metrics, ids=self.ids, limiter=self.limiter, token=self.opts.token,
                             max_sessions=self.opts.limits.max_sessions, sessions=lambda: len(self._conns))
+        #: POST /v1/realtime/calls: the WebRTC transport (server.webrtc); each call is a session run by ``_handle``
+        self.webrtc = WebRTCCalls(self)
 
     def asgi_app(self):
         """The ASGI app: the GET routes and the two websockets in Starlette, behind ``_Front``."""
         routes = [Route("/", self._static), Route("/static/{name:path}", self._static), Route("/healthz", self._healthz),
                   Route("/metrics", self._metrics), Route(CHAT_PATH, self._openai_get), Route("/v1/models", self._openai_get),
-                  Route("/v1/models/{name:path}", self._openai_get)]
+                  Route("/v1/models/{name:path}", self._openai_get), Route(CALLS_PATH, self.webrtc.answer, methods=["POST"])]
         for path in WS_PATHS:
             routes += [WebSocketRoute(path, self._session), Route(path, self._upgrade_required)]
         return _Front(Starlette(routes=routes, exception_handlers={404: self._not_found}), self)
@@ -357,10 +360,10 @@ class VoiceServer:
             return
         self._n += 1
         out = _Outbox(ws, asyncio.get_running_loop(), limits.max_output_bytes, self.metrics)
-        native = path == "/v1/stream"
+        native = path in ("/v1/stream", CALLS_PATH)  # raw PCM16 audio (a WebRTC call's tracks: server.webrtc)
         session = RealtimeSession(self.shared, out.emit, native=native, limits=limits, ids=self.ids,
                                   loop_config=self.opts.loop_config, metrics=self.metrics, close=out.close, name=f"session-{self._n}",
-                                  extensions=native or wants_extensions(query))
+                                  extensions=path == "/v1/stream" or wants_extensions(query))
         out.session = session
         self._conns[ws] = session
         self.metrics.sessions.inc()
