@@ -28,6 +28,47 @@ _JIT = dict(cache=True, nogil=True)
 CACHE_SLOTS = MAX_BATCH
 
 
+# -- 64-wide vectors: four F32x16 in a tuple --------------------------------------------------------
+
+
+@njit(inline="always", **_JIT)
+def load64(a, i):
+    """The 64 float32 of ``a`` from (flat) element ``i``, as four vectors."""
+    return simd.fload(a, i), simd.fload(a, i + 16), simd.fload(a, i + 32), simd.fload(a, i + 48)
+
+
+@njit(inline="always", **_JIT)
+def widen64(h, i):
+    """The 64 halves (uint16 bits) of ``h`` from (flat) element ``i`` as float32, four vectors."""
+    return simd.fhalves(h, i), simd.fhalves(h, i + 16), simd.fhalves(h, i + 32), simd.fhalves(h, i + 48)
+
+
+@njit(inline="always", **_JIT)
+def dot64(q, k):
+    """The lane products of ``q`` and ``k`` added in order: ``((q0 k0 + q1 k1) + q2 k2) + q3 k3`` (a vector)."""
+    a = simd.fmul(q[0], k[0])
+    a = simd.fadd(a, simd.fmul(q[1], k[1]))
+    a = simd.fadd(a, simd.fmul(q[2], k[2]))
+    return simd.fadd(a, simd.fmul(q[3], k[3]))
+
+
+@njit(inline="always", **_JIT)
+def madd64(a, x, v):
+    """``a + x * v`` for each of the four vectors (``x`` one vector: a weight in every lane)."""
+    return (simd.fadd(a[0], simd.fmul(x, v[0])), simd.fadd(a[1], simd.fmul(x, v[1])),
+            simd.fadd(a[2], simd.fmul(x, v[2])), simd.fadd(a[3], simd.fmul(x, v[3])))
+
+
+@njit(inline="always", **_JIT)
+def store64(out, o, a, scale):
+    """``a * scale`` (``scale`` a float32) into ``out[o : o + 64]``."""
+    s = simd.fsplat(scale)
+    simd.fstore(out, o, simd.fmul(a[0], s))
+    simd.fstore(out, o + 16, simd.fmul(a[1], s))
+    simd.fstore(out, o + 32, simd.fmul(a[2], s))
+    simd.fstore(out, o + 48, simd.fmul(a[3], s))
+
+
 @njit(inline="always", error_model="numpy", **_JIT)
 def _softmax_weights(scores, n, best):
     """``scores[:n] = exp(scores - best)``; returns their sum (16 lanes, then the tail, in order)."""
@@ -49,32 +90,28 @@ def _head64(q, qo, kc, vc, kvo, n, scale, out, scores):
     registers; every sum is ``_head``'s, in its order, so the numbers are the same."""
     kv = kc.shape[1]
     zero = simd.fsplat(np.float32(0.0))
-    q0, q1 = simd.fload(q, qo), simd.fload(q, qo + 16)
-    q2, q3 = simd.fload(q, qo + 32), simd.fload(q, qo + 48)
+    qv = load64(q, qo)
     best = np.float32(-np.inf)
     for p in range(n):
-        base = p * kv + kvo
-        a = simd.fadd(zero, simd.fmul(q0, simd.fhalves(kc, base)))
-        a = simd.fadd(a, simd.fmul(q1, simd.fhalves(kc, base + 16)))
-        a = simd.fadd(a, simd.fmul(q2, simd.fhalves(kc, base + 32)))
-        a = simd.fadd(a, simd.fmul(q3, simd.fhalves(kc, base + 48)))
+        k = widen64(kc, p * kv + kvo)
+        a = simd.fadd(zero, simd.fmul(qv[0], k[0]))
+        a = simd.fadd(simd.fadd(simd.fadd(a, simd.fmul(qv[1], k[1])), simd.fmul(qv[2], k[2])), simd.fmul(qv[3], k[3]))
         sc = simd.fhsum(a) * scale
         scores[p] = sc
         best = sc if sc > best else best
     inv = np.float32(1.0) / _softmax_weights(scores, n, best)
-    a0, a1, a2, a3 = zero, zero, zero, zero
+    store64(out, qo, _values(scores, vc, kvo, n), inv)
+
+
+@njit(inline="always", error_model="numpy", **_JIT)
+def _values(w, vc, kvo, n):
+    """``sum_p w[p] * V[p]`` over positions ``0 .. n - 1`` of the KV head at columns ``kvo ..`` (64 wide), in order."""
+    kv = vc.shape[1]
+    z = simd.fsplat(np.float32(0.0))
+    a = (z, z, z, z)
     for p in range(n):
-        wgt = simd.fsplat(scores[p])
-        base = p * kv + kvo
-        a0 = simd.fadd(a0, simd.fmul(wgt, simd.fhalves(vc, base)))
-        a1 = simd.fadd(a1, simd.fmul(wgt, simd.fhalves(vc, base + 16)))
-        a2 = simd.fadd(a2, simd.fmul(wgt, simd.fhalves(vc, base + 32)))
-        a3 = simd.fadd(a3, simd.fmul(wgt, simd.fhalves(vc, base + 48)))
-    iv = simd.fsplat(inv)
-    simd.fstore(out, qo, simd.fmul(a0, iv))
-    simd.fstore(out, qo + 16, simd.fmul(a1, iv))
-    simd.fstore(out, qo + 32, simd.fmul(a2, iv))
-    simd.fstore(out, qo + 48, simd.fmul(a3, iv))
+        a = madd64(a, simd.fsplat(w[p]), widen64(vc, p * kv + kvo))
+    return a
 
 
 #: Fewest (row, KV head) tasks for which ``cache_attend`` gives each task a whole group of query heads (below it, a
@@ -91,28 +128,16 @@ def _values3(w, vc, kvo, n, inv, out, qo):
     ``_head64``'s, in its order."""
     kv = vc.shape[1]
     z = simd.fsplat(np.float32(0.0))
-    a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3 = z, z, z, z, z, z, z, z, z, z, z, z
+    a, b, c = (z, z, z, z), (z, z, z, z), (z, z, z, z)
     wa, wb, wc = w[0], w[1], w[2]
     for p in range(n):
-        base = p * kv + kvo
-        v0, v1 = simd.fhalves(vc, base), simd.fhalves(vc, base + 16)
-        v2, v3 = simd.fhalves(vc, base + 32), simd.fhalves(vc, base + 48)
-        x = simd.fsplat(wa[p])
-        a0, a1 = simd.fadd(a0, simd.fmul(x, v0)), simd.fadd(a1, simd.fmul(x, v1))
-        a2, a3 = simd.fadd(a2, simd.fmul(x, v2)), simd.fadd(a3, simd.fmul(x, v3))
-        x = simd.fsplat(wb[p])
-        b0, b1 = simd.fadd(b0, simd.fmul(x, v0)), simd.fadd(b1, simd.fmul(x, v1))
-        b2, b3 = simd.fadd(b2, simd.fmul(x, v2)), simd.fadd(b3, simd.fmul(x, v3))
-        x = simd.fsplat(wc[p])
-        c0, c1 = simd.fadd(c0, simd.fmul(x, v0)), simd.fadd(c1, simd.fmul(x, v1))
-        c2, c3 = simd.fadd(c2, simd.fmul(x, v2)), simd.fadd(c3, simd.fmul(x, v3))
-    for h, (r0, r1, r2, r3) in enumerate(((a0, a1, a2, a3), (b0, b1, b2, b3), (c0, c1, c2, c3))):
-        iv = simd.fsplat(inv[h])
-        o = qo + h * 64
-        simd.fstore(out, o, simd.fmul(r0, iv))
-        simd.fstore(out, o + 16, simd.fmul(r1, iv))
-        simd.fstore(out, o + 32, simd.fmul(r2, iv))
-        simd.fstore(out, o + 48, simd.fmul(r3, iv))
+        v = widen64(vc, p * kv + kvo)
+        a = madd64(a, simd.fsplat(wa[p]), v)
+        b = madd64(b, simd.fsplat(wb[p]), v)
+        c = madd64(c, simd.fsplat(wc[p]), v)
+    store64(out, qo, a, inv[0])
+    store64(out, qo + 64, b, inv[1])
+    store64(out, qo + 128, c, inv[2])
 
 
 # Not inlined, like ``_head``: every caller runs this one compiled function.
@@ -135,15 +160,9 @@ def _group64(q, qo, group, kc, vc, kvo, n, scale, out):
         p0 = b * BLOCK
         for i in range(BLOCK):
             base = min(p0 + i, n - 1) * kv + kvo  # past the end: the last position again (its score is a duplicate)
-            k0, k1 = simd.fhalves(kc, base), simd.fhalves(kc, base + 16)
-            k2, k3 = simd.fhalves(kc, base + 32), simd.fhalves(kc, base + 48)
-            for h in range(group):
-                o = qo + h * 64
-                a = simd.fmul(simd.fload(q, o), k0)  # (_head64 adds it to +0.0 first: the same score once summed)
-                a = simd.fadd(a, simd.fmul(simd.fload(q, o + 16), k1))
-                a = simd.fadd(a, simd.fmul(simd.fload(q, o + 32), k2))
-                a = simd.fadd(a, simd.fmul(simd.fload(q, o + 48), k3))
-                simd.fstore(dots[h], i * LANES, a)
+            k = widen64(kc, base)
+            for h in range(group):  # (_head64 adds the first product to +0.0: the same score once summed)
+                simd.fstore(dots[h], i * LANES, dot64(load64(q, qo + h * 64), k))
         for h in range(group):
             sc = simd.fmul(simd.fsum16(dots[h], 0), vscale)
             simd.fstore(scores[h], p0, sc)
@@ -154,23 +173,8 @@ def _group64(q, qo, group, kc, vc, kvo, n, scale, out):
     if group == 3:  # (SmolLM2, Llama 3.2 3B) each position's V widened once for the three heads
         _values3(scores, vc, kvo, n, inv, out, qo)
         return
-    zero = simd.fsplat(np.float32(0.0))
     for h in range(group):
-        sh = scores[h]
-        a0, a1, a2, a3 = zero, zero, zero, zero
-        for p in range(n):
-            wgt = simd.fsplat(sh[p])
-            base = p * kv + kvo
-            a0 = simd.fadd(a0, simd.fmul(wgt, simd.fhalves(vc, base)))
-            a1 = simd.fadd(a1, simd.fmul(wgt, simd.fhalves(vc, base + 16)))
-            a2 = simd.fadd(a2, simd.fmul(wgt, simd.fhalves(vc, base + 32)))
-            a3 = simd.fadd(a3, simd.fmul(wgt, simd.fhalves(vc, base + 48)))
-        iv = simd.fsplat(inv[h])
-        o = qo + h * 64
-        simd.fstore(out, o, simd.fmul(a0, iv))
-        simd.fstore(out, o + 16, simd.fmul(a1, iv))
-        simd.fstore(out, o + 32, simd.fmul(a2, iv))
-        simd.fstore(out, o + 48, simd.fmul(a3, iv))
+        store64(out, qo + h * 64, _values(scores[h], vc, kvo, n), inv[h])
 
 
 # Not inlined: every caller (any batch size, one cache or several) runs this one compiled

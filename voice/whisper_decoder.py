@@ -34,6 +34,7 @@ from numba import njit, prange
 from decode import cpu, qint, simd
 from decode.qint import exp_f32, path_jit, qmatvec
 from decode.quant import QType
+from decode.step_ops import dot64, load64, madd64, store64
 from voice.errors import EngineError
 
 _JIT = dict(cache=True, nogil=True)
@@ -132,16 +133,10 @@ def _attend(q, keys, values, head_stride, stride, n, heads, out, scores):
     zero = simd.fsplat(np.float32(0.0))
     for h in range(heads):
         qo = h * 64
-        q0, q1 = simd.fload(q, qo), simd.fload(q, qo + 16)
-        q2, q3 = simd.fload(q, qo + 32), simd.fload(q, qo + 48)
+        qv = load64(q, qo)
         best = np.float32(-np.inf)
         for p in range(n):
-            base = h * head_stride + p * stride
-            a = simd.fmul(q0, simd.fload(keys, base))
-            a = simd.fadd(a, simd.fmul(q1, simd.fload(keys, base + 16)))
-            a = simd.fadd(a, simd.fmul(q2, simd.fload(keys, base + 32)))
-            a = simd.fadd(a, simd.fmul(q3, simd.fload(keys, base + 48)))
-            sc = simd.fhsum(a) * scale
+            sc = simd.fhsum(dot64(qv, load64(keys, h * head_stride + p * stride))) * scale
             scores[p] = sc
             best = sc if sc > best else best
         total = np.float32(0.0)
@@ -149,19 +144,10 @@ def _attend(q, keys, values, head_stride, stride, n, heads, out, scores):
             scores[p] = exp_f32(scores[p] - best)
         for p in range(n):
             total += scores[p]
-        a0, a1, a2, a3 = zero, zero, zero, zero
+        a = (zero, zero, zero, zero)
         for p in range(n):
-            wgt = simd.fsplat(scores[p])
-            base = h * head_stride + p * stride
-            a0 = simd.fadd(a0, simd.fmul(wgt, simd.fload(values, base)))
-            a1 = simd.fadd(a1, simd.fmul(wgt, simd.fload(values, base + 16)))
-            a2 = simd.fadd(a2, simd.fmul(wgt, simd.fload(values, base + 32)))
-            a3 = simd.fadd(a3, simd.fmul(wgt, simd.fload(values, base + 48)))
-        iv = simd.fsplat(np.float32(1.0) / total)
-        simd.fstore(out, qo, simd.fmul(a0, iv))
-        simd.fstore(out, qo + 16, simd.fmul(a1, iv))
-        simd.fstore(out, qo + 32, simd.fmul(a2, iv))
-        simd.fstore(out, qo + 48, simd.fmul(a3, iv))
+            a = madd64(a, simd.fsplat(scores[p]), load64(values, h * head_stride + p * stride))
+        store64(out, qo, a, np.float32(1.0) / total)
 
 
 @njit(**_JIT)
@@ -242,79 +228,52 @@ def cross_kv(enc, w, b, out):
     vector loaded serves 4 rows."""
     frames, d = enc.shape
     blocks = w.shape[1] // 64
-    heads = blocks // 2
     wf = w.reshape(-1)
     ef = enc.reshape(-1)
     of = out.reshape(-1)
     width = w.shape[1]
     groups = (frames + 3) // 4
     for task in prange(groups * blocks):
-        r0 = (task // blocks) * 4
-        c = task % blocks
-        col = c * 64
-        e0 = min(r0 + 0, frames - 1) * d
-        e1 = min(r0 + 1, frames - 1) * d
-        e2 = min(r0 + 2, frames - 1) * d
-        e3 = min(r0 + 3, frames - 1) * d
-        bias0 = simd.fload(b, col + 0)
-        bias1 = simd.fload(b, col + 16)
-        bias2 = simd.fload(b, col + 32)
-        bias3 = simd.fload(b, col + 48)
-        a00, a01, a02, a03 = bias0, bias1, bias2, bias3
-        a10, a11, a12, a13 = bias0, bias1, bias2, bias3
-        a20, a21, a22, a23 = bias0, bias1, bias2, bias3
-        a30, a31, a32, a33 = bias0, bias1, bias2, bias3
-        for k in range(d):
-            w0 = simd.fload(wf, k * width + col + 0)
-            w1 = simd.fload(wf, k * width + col + 16)
-            w2 = simd.fload(wf, k * width + col + 32)
-            w3 = simd.fload(wf, k * width + col + 48)
-            x0 = simd.fsplat(ef[e0 + k])
-            a00 = simd.ffma(x0, w0, a00)
-            a01 = simd.ffma(x0, w1, a01)
-            a02 = simd.ffma(x0, w2, a02)
-            a03 = simd.ffma(x0, w3, a03)
-            x1 = simd.fsplat(ef[e1 + k])
-            a10 = simd.ffma(x1, w0, a10)
-            a11 = simd.ffma(x1, w1, a11)
-            a12 = simd.ffma(x1, w2, a12)
-            a13 = simd.ffma(x1, w3, a13)
-            x2 = simd.fsplat(ef[e2 + k])
-            a20 = simd.ffma(x2, w0, a20)
-            a21 = simd.ffma(x2, w1, a21)
-            a22 = simd.ffma(x2, w2, a22)
-            a23 = simd.ffma(x2, w3, a23)
-            x3 = simd.fsplat(ef[e3 + k])
-            a30 = simd.ffma(x3, w0, a30)
-            a31 = simd.ffma(x3, w1, a31)
-            a32 = simd.ffma(x3, w2, a32)
-            a33 = simd.ffma(x3, w3, a33)
-        kv = c // heads
-        h = c % heads
-        if r0 + 0 < frames:
-            o = ((kv * heads + h) * frames + r0 + 0) * 64
-            simd.fstore(of, o + 0, a00)
-            simd.fstore(of, o + 16, a01)
-            simd.fstore(of, o + 32, a02)
-            simd.fstore(of, o + 48, a03)
-        if r0 + 1 < frames:
-            o = ((kv * heads + h) * frames + r0 + 1) * 64
-            simd.fstore(of, o + 0, a10)
-            simd.fstore(of, o + 16, a11)
-            simd.fstore(of, o + 32, a12)
-            simd.fstore(of, o + 48, a13)
-        if r0 + 2 < frames:
-            o = ((kv * heads + h) * frames + r0 + 2) * 64
-            simd.fstore(of, o + 0, a20)
-            simd.fstore(of, o + 16, a21)
-            simd.fstore(of, o + 32, a22)
-            simd.fstore(of, o + 48, a23)
-        if r0 + 3 < frames:
-            o = ((kv * heads + h) * frames + r0 + 3) * 64
-            simd.fstore(of, o + 0, a30)
-            simd.fstore(of, o + 16, a31)
-            simd.fstore(of, o + 32, a32)
-            simd.fstore(of, o + 48, a33)
+        _kv_tile(ef, wf, b, of, (task // blocks) * 4, task % blocks, frames, d, width)
+
+
+# Not inlined: numba's array analysis of the parallel loop would take its tuples of vectors for shapes.
+@njit(error_model="numpy", **_JIT)
+def _kv_tile(ef, wf, b, of, r0, c, frames, d, width):
+    """``cross_kv``'s rows ``r0 .. r0 + 3`` (the last row again past the end) times columns ``64 c ..`` of the
+    weights, plus the bias, into block ``c`` (= kv * heads + h) of ``of``: 16 accumulators in registers."""
+    col = c * 64
+    e0 = min(r0 + 0, frames - 1) * d
+    e1 = min(r0 + 1, frames - 1) * d
+    e2 = min(r0 + 2, frames - 1) * d
+    e3 = min(r0 + 3, frames - 1) * d
+    bias = load64(b, col)
+    a0, a1, a2, a3 = bias, bias, bias, bias
+    for k in range(d):
+        wk = load64(wf, k * width + col)
+        a0 = fma64(simd.fsplat(ef[e0 + k]), wk, a0)
+        a1 = fma64(simd.fsplat(ef[e1 + k]), wk, a1)
+        a2 = fma64(simd.fsplat(ef[e2 + k]), wk, a2)
+        a3 = fma64(simd.fsplat(ef[e3 + k]), wk, a3)
+    o = (c * frames + r0) * 64
+    for i, a in enumerate((a0, a1, a2, a3)):
+        if r0 + i < frames:
+            put64(of, o + i * 64, a)
+
+
+@njit(inline="always", **_JIT)
+def fma64(x, w, a):
+    """``x * w + a`` rounded once, for each of the four vectors of ``w`` and ``a``."""
+    return simd.ffma(x, w[0], a[0]), simd.ffma(x, w[1], a[1]), simd.ffma(x, w[2], a[2]), simd.ffma(x, w[3], a[3])
+
+
+@njit(inline="always", **_JIT)
+def put64(out, o, a):
+    """The four vectors of ``a`` into ``out[o : o + 64]``."""
+    simd.fstore(out, o, a[0])
+    simd.fstore(out, o + 16, a[1])
+    simd.fstore(out, o + 32, a[2])
+    simd.fstore(out, o + 48, a[3])
 
 
 # -- the decoder ---------------------------------------------------------------------------------
