@@ -12,6 +12,13 @@ matrices repacked at load (q|k|v and gate|up stacked, one call each); other type
 ``Model(..., int_kernels=False)``, keep the float matrix-vector kernels.
 ``forward_batch`` steps several sequences, each with its own ``RunState``, by one token
 in one pass over the weights, with the same numbers as one ``forward`` each.
+
+One forward path for the integer kernels, with the number of rows as its parameter:
+``step_layers`` runs B rows through a run of blocks, row ``r`` a token at its own position
+with its own KV cache (``forward_batch``: one token of each of B sequences) or all rows one
+sequence's tokens (``forward``: a decode step, B = 1, or a prompt's group of
+``PREFILL_GROUP`` tokens).  The float prefill (``int_prefill=False``, or blocks that are not
+all packed) is the only other way through a block.
 """
 
 from __future__ import annotations
@@ -332,36 +339,39 @@ class Model:
 
     def layers(self, s: RunState, lo: int, hi: int, x: np.ndarray, pos0: int) -> None:
         """Blocks ``lo .. hi - 1`` on hidden states ``x (n, d_model)`` of positions ``pos0 ..``, in
-        place (``layer`` for each, in one numba call where the layers are stacked)."""
+        place, writing their keys and values into ``s``'s KV cache.  Every block the integer kernels
+        take (a decode step; a prompt with ``int_prefill`` where the block's matrices are all packed)
+        runs as ``step_layers`` on rows, ``PREFILL_GROUP`` tokens at a time: the same numbers for each
+        token as one decode step would give it, and one numba call for a group's pass through a run of
+        stacked blocks.  The others take the float prefill (``_float_layer``)."""
         n = x.shape[0]
-        if self._stack is not None and (n == 1 or self.int_prefill):
-            # the integer kernels, PREFILL_GROUP tokens at a time: each group through all the blocks
-            # (the earlier groups' keys and values are in the cache at every block by then)
-            for g0 in range(0, n, PREFILL_GROUP):
-                b = self._group(s, pos0 + g0, min(PREFILL_GROUP, n - g0))
-                self.step_layers(lo, hi, s.caches, x[g0:g0 + b.rows], b)
+        ints = [n == 1 or (self.int_prefill and self._all_packed(i)) for i in range(lo, hi)]
+        if all(ints):  # each group through all the blocks (the earlier groups' keys and values are in the cache)
+            self._rows(s, lo, hi, x, pos0)
             return
-        for i in range(lo, hi):
-            self.layer(s, i, x, pos0)
-
-    @staticmethod
-    def _group(s: RunState, pos0: int, g: int) -> StepBuffers:
-        b = s.step.first(g)
-        for r in range(g):
-            b.pos[r] = pos0 + r
-        return b
+        for i, integer in zip(range(lo, hi), ints, strict=True):
+            if integer:
+                self._rows(s, i, i + 1, x, pos0)
+            else:
+                self._float_layer(s, i, x, pos0)
 
     def layer(self, s: RunState, i: int, x: np.ndarray, pos0: int) -> None:
         """Run block ``i`` on hidden states ``x (n, d_model)`` of positions ``pos0 .. pos0+n-1``,
-        in place, writing their keys and values into ``s``'s KV cache."""
+        in place, writing their keys and values into ``s``'s KV cache (``layers`` of one block)."""
+        self.layers(s, i, i + 1, x, pos0)
+
+    def _rows(self, s: RunState, lo: int, hi: int, x: np.ndarray, pos0: int) -> None:
+        """Blocks ``lo .. hi - 1`` as ``step_layers`` on the rows of ``x`` (one sequence's tokens at positions
+        ``pos0 ..``), ``PREFILL_GROUP`` rows at a time."""
         n = x.shape[0]
-        if n == 1 or (self.int_prefill and self._all_packed(i)):
-            # integer kernels: a decode step, or the prompt PREFILL_GROUP tokens at a time, with
-            # the same numbers for each token as one step would give it
-            for g0 in range(0, n, PREFILL_GROUP):
-                b = self._group(s, pos0 + g0, min(PREFILL_GROUP, n - g0))
-                self.step_layer(i, s.caches, x[g0:g0 + b.rows], b)
-            return
+        for g0 in range(0, n, PREFILL_GROUP):
+            b = s.step.first(min(PREFILL_GROUP, n - g0))
+            b.pos[:] = np.arange(pos0 + g0, pos0 + g0 + b.rows)
+            self.step_layers(lo, hi, s.caches, x[g0:g0 + b.rows], b)
+
+    def _float_layer(self, s: RunState, i: int, x: np.ndarray, pos0: int) -> None:
+        """Block ``i`` on a prompt chunk ``x (n, d_model)`` with the float kernels on the file's blocks (``matmat``)."""
+        n = x.shape[0]
         cfg, w = self.config, self.weights.layers[i]
         xb, q, k, v = s.xb[:n], s.q[:n], s.k[:n], s.v[:n]
         rmsnorm(x, w.attn_norm, cfg.norm_eps, xb)
