@@ -4,6 +4,12 @@
 // Audio clocks: one AudioContext serves both capture (AudioWorklet, at the context's rate) and
 // playback (24 kHz buffers, resampled by the context), so "when playback started" and "how much
 // input has been sent" are read on the same clock for the `output_audio.played` extension event.
+//
+// WebRTC mode (the transport menu, or ?transport=webrtc): the Realtime API's WebRTC handshake instead of the
+// socket: the SDP offer POSTed to /v1/realtime/calls, the answer set; the microphone goes up as an Opus track,
+// the answer comes down as one (played by an <audio> element), and the same JSON events travel on the
+// `oai-events` data channel.  In both modes the page times each answer on its own clock: from the last
+// microphone sample over LEVEL to the first answer sample over LEVEL (`window.wafervox.pageV2V`).
 "use strict";
 
 (() => {
@@ -12,6 +18,8 @@
   const CHUNK_MS = 20;          // capture chunk size sent per input_audio_buffer.append
   const MAX_TURNS_DRAWN = 8;    // waterfall rows kept
   const MAX_TURNS_LISTED = 10;  // table rows kept
+  const LEVEL = 0.02;           // a sample louder than this is voice (microphone) or answer (output), for the page's timing
+  const ICE_WAIT_MS = 3000;     // the longest the offer waits for its ICE candidates
 
   const STAGES = [              // data-stage, legend label, colour
     ["endpoint", "endpoint wait", "#8da0cb"],
@@ -30,6 +38,12 @@
 
   const S = {
     ws: null, ctx: null, stream: null, mic: null, worklet: null, mute: null,
+    transport: "websocket", // or "webrtc"
+    pc: null, dc: null, audioEl: null, outSrc: null, outWorklet: null,   // WebRTC mode
+    lastVoiced: null,       // context time just after the last microphone sample over LEVEL
+    awaitingAnswer: false,  // the user's turn ended and its answer has not sounded yet
+    pageV2V: [],            // each answer's voice-to-voice on this page's clock, in ms, in order
+    waitingReport: null,    // a turn.latency report waiting for its page figure (WebRTC mode)
     inputRate: 0,
     inputLatency: null,     // capture latency in s, when the browser reports it
     inputSent: 0,           // input samples sent since the session began
@@ -56,7 +70,25 @@
   }
 
   function send(obj) {
-    if (S.ws && S.ws.readyState === WebSocket.OPEN) S.ws.send(JSON.stringify(obj));
+    if (S.dc && S.dc.readyState === "open") S.dc.send(JSON.stringify(obj));
+    else if (S.ws && S.ws.readyState === WebSocket.OPEN) S.ws.send(JSON.stringify(obj));
+  }
+
+  // ------------------------------------------------------------------ voice-to-voice on the page's clock
+
+  // The answer's first sample over LEVEL began at context time `onset`.
+  function answerSounded(onset) {
+    if (!S.awaitingAnswer || S.lastVoiced === null) return;
+    S.awaitingAnswer = false;
+    const ms = Math.round((onset - S.lastVoiced) * 10000) / 10;
+    S.pageV2V.push(ms);
+    if (S.waitingReport) {
+      const r = S.waitingReport;
+      S.waitingReport = null;
+      r.client = { voice_to_voice_ms: ms, clock: "page" };
+      drawWaterfall();
+      drawTable();
+    }
   }
 
   function toBase64(buf) {
@@ -126,6 +158,11 @@
     const end = start + buf.duration;
     src.start(start);
     S.nextTime = end;
+
+    if (S.awaitingAnswer) {
+      const i = samples.findIndex((v) => Math.abs(v) > LEVEL);
+      if (i >= 0) answerSounded(start + i / OUTPUT_RATE);
+    }
 
     const chunk = { src, start, end, itemId: ev.item_id, responseId: ev.response_id };
     S.sources.push(chunk);
@@ -366,6 +403,11 @@
 
   function addTurn(report) {
     if (!report || typeof report !== "object") return;
+    // Over WebRTC the server cannot hear when the answer plays here: this page's own figure goes with the report.
+    if (S.transport === "webrtc" && !report.client && report.latency_ms && isNum(report.latency_ms.voice_to_voice_ms)) {
+      if (!S.awaitingAnswer && S.pageV2V.length) report.client = { voice_to_voice_ms: S.pageV2V[S.pageV2V.length - 1], clock: "page" };
+      else S.waitingReport = report;
+    }
     const i = S.turns.findIndex((r) => r.turn === report.turn);
     if (i >= 0) S.turns[i] = report; else S.turns.push(report);
     S.turns = S.turns.slice(-Math.max(MAX_TURNS_DRAWN, MAX_TURNS_LISTED));
@@ -384,10 +426,14 @@
       setStatus(`listening — mic ${rin || "?"} Hz, voice ${rout || "?"} Hz`);
     },
     "input_audio_buffer.speech_started": () => {
+      S.awaitingAnswer = false;
       if (isPlaying()) bargeIn();
       setStatus("hearing you…");
     },
-    "input_audio_buffer.speech_stopped": () => setStatus("thinking…"),
+    "input_audio_buffer.speech_stopped": () => {
+      S.awaitingAnswer = true;
+      setStatus("thinking…");
+    },
     "response.created": () => setStatus("answering…"),
     "conversation.item.input_audio_transcription.completed": (ev) => addLine("you", ev.transcript || "", "user"),
     "response.output_audio.delta": playDelta,
@@ -435,7 +481,9 @@
   }
 
   async function start() {
-    if (S.ws) return;
+    if (S.ws || S.pc) return;
+    S.transport = $("transport").value === "webrtc" ? "webrtc" : "websocket";
+    $("transport").disabled = true;
     $("start").disabled = true;
     $("stop").disabled = false;
     S.stopping = false;
@@ -461,19 +509,34 @@
     const ctx = S.ctx;
     S.mic = ctx.createMediaStreamSource(S.stream);
     S.worklet = new AudioWorkletNode(ctx, "capture-processor", {
-      numberOfInputs: 1, numberOfOutputs: 1, outputChannelCount: [1], processorOptions: { chunkMs: CHUNK_MS },
+      numberOfInputs: 1, numberOfOutputs: 1, outputChannelCount: [1], processorOptions: { chunkMs: CHUNK_MS, threshold: LEVEL },
     });
     S.mute = ctx.createGain();
     S.mute.gain.value = 0;
     S.mic.connect(S.worklet).connect(S.mute).connect(ctx.destination);
     S.worklet.port.onmessage = (e) => {
-      const { pcm, samples, peak, end } = e.data;
+      const { pcm, samples, peak, end, last } = e.data;
       $("meter").firstElementChild.style.width = `${Math.min(100, Math.round(peak * 140))}%`;
+      if (last >= 0) S.lastVoiced = end - (samples - 1 - last) / ctx.sampleRate;
+      if (S.transport === "webrtc") {   // the audio itself goes up on the track
+        if (S.dc && S.dc.readyState === "open") { S.inputSent += samples; S.inputEnd = end; }
+        return;
+      }
       if (!S.ws || S.ws.readyState !== WebSocket.OPEN) return;   // audio before the session opens is dropped
       send({ type: "input_audio_buffer.append", audio: toBase64(pcm) });
       S.inputSent += samples;
       S.inputEnd = end;
     };
+
+    if (S.transport === "webrtc") {
+      try {
+        await connectWebRTC();
+      } catch (e) {
+        setStatus(`WebRTC: ${e && e.message ? e.message : e}`, true);
+        teardown();
+      }
+      return;
+    }
 
     // The socket. A token (?token=) travels as a subprotocol, as OpenAI's browser clients do; ?extensions=1 asks
     // for our turn.latency events (strict Realtime clients get only the schema's events).
@@ -515,14 +578,90 @@
     };
   }
 
+  // ------------------------------------------------------------------ WebRTC mode
+
+  // The Realtime API's WebRTC handshake: an offer with the microphone's track and the `oai-events` data channel,
+  // POSTed (after ICE gathering, bounded) to /v1/realtime/calls; the server's answer comes back as the body (201).
+  async function connectWebRTC() {
+    const pc = new RTCPeerConnection({ iceServers: [] });   // host candidates only
+    S.pc = pc;
+    for (const t of S.stream.getAudioTracks()) pc.addTrack(t, S.stream);
+    const dc = pc.createDataChannel("oai-events");
+    S.dc = dc;
+    dc.onmessage = onMessage;
+    dc.onopen = () => setStatus("connected (WebRTC)");
+    dc.onclose = () => {
+      if (S.pc !== pc) return;
+      setStatus("closed (the server ended the call)", !S.stopping);
+      teardown();
+    };
+    pc.ontrack = (e) => playRemote(e.streams[0] || new MediaStream([e.track]));
+    pc.onconnectionstatechange = () => {
+      if (pc.connectionState === "failed" && S.pc === pc) {
+        setStatus("WebRTC: the connection failed", true);
+        teardown();
+      }
+    };
+    await pc.setLocalDescription(await pc.createOffer());
+    await new Promise((resolve) => {
+      if (pc.iceGatheringState === "complete") return resolve();
+      const t = setTimeout(resolve, ICE_WAIT_MS);
+      pc.addEventListener("icegatheringstatechange", () => {
+        if (pc.iceGatheringState === "complete") { clearTimeout(t); resolve(); }
+      });
+    });
+    if (S.pc !== pc) return;   // stopped meanwhile
+    setStatus("connecting (WebRTC)…");
+    const headers = { "Content-Type": "application/sdp" };
+    const token = params.get("token");
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const r = await fetch("/v1/realtime/calls?extensions=1", { method: "POST", body: pc.localDescription.sdp, headers });
+    const body = await r.text();
+    if (r.status !== 201) {
+      let why = body;
+      try { why = JSON.parse(body).error.message; } catch (_) { /* not JSON */ }
+      throw new Error(`POST /v1/realtime/calls answered ${r.status}: ${why}`);
+    }
+    if (S.pc !== pc) return;
+    await pc.setRemoteDescription({ type: "answer", sdp: body });
+  }
+
+  // The answer's track: played by an <audio> element (which Chromium needs before WebAudio hears a remote track)
+  // and watched by a second worklet, which times the first answer sample on the context's clock.
+  function playRemote(stream) {
+    if (S.audioEl || !S.ctx) return;
+    const ctx = S.ctx;
+    S.audioEl = new Audio();
+    S.audioEl.autoplay = true;
+    S.audioEl.srcObject = stream;
+    S.audioEl.play().catch(() => {});
+    S.outSrc = ctx.createMediaStreamSource(stream);
+    S.outWorklet = new AudioWorkletNode(ctx, "capture-processor", {
+      numberOfInputs: 1, numberOfOutputs: 1, outputChannelCount: [1], processorOptions: { chunkMs: CHUNK_MS, threshold: LEVEL },
+    });
+    S.outSrc.connect(S.outWorklet).connect(S.mute);
+    S.outWorklet.port.onmessage = (e) => {
+      const { samples, end, first } = e.data;
+      if (first < 0) return;
+      S.outputReceived += samples;
+      answerSounded(end - (samples - first) / ctx.sampleRate);
+    };
+  }
+
   function teardown() {
     stopPlayback();
+    if (S.pc) { S.pc.ontrack = null; S.pc.onconnectionstatechange = null; S.pc.close(); }
+    if (S.dc) { S.dc.onmessage = null; S.dc.onclose = null; }
+    if (S.outWorklet) { S.outWorklet.port.postMessage("stop"); S.outWorklet.port.onmessage = null; S.outWorklet.disconnect(); }
+    if (S.outSrc) S.outSrc.disconnect();
+    if (S.audioEl) { S.audioEl.pause(); S.audioEl.srcObject = null; }
     if (S.worklet) { S.worklet.port.postMessage("stop"); S.worklet.port.onmessage = null; S.worklet.disconnect(); }
     if (S.mic) S.mic.disconnect();
     if (S.stream) for (const t of S.stream.getTracks()) t.stop();
     if (S.ctx) S.ctx.close().catch(() => {});
     if (S.ws && S.ws.readyState <= WebSocket.OPEN) S.ws.close(1000, "stopped");
-    Object.assign(S, { ws: null, ctx: null, stream: null, mic: null, worklet: null, mute: null, nextTime: 0 });
+    Object.assign(S, { ws: null, ctx: null, stream: null, mic: null, worklet: null, mute: null, nextTime: 0,
+                       pc: null, dc: null, audioEl: null, outSrc: null, outWorklet: null, awaitingAnswer: false, waitingReport: null });
     // Counters and the transcript are per session; a new Start begins a new session.
     S.inputSent = 0;
     S.outputReceived = 0;
@@ -531,12 +670,16 @@
     S.truncated.clear();
     $("start").disabled = false;
     $("stop").disabled = true;
+    $("transport").disabled = false;
     $("meter").firstElementChild.style.width = "0";
   }
 
   function stop() {
     S.stopping = true;
-    if (S.ws) {
+    if (S.pc) {
+      teardown();
+      setStatus("stopped");
+    } else if (S.ws) {
       S.ws.close(1000, "stopped by user");   // onclose tears down and reports the code
     } else {
       teardown();
@@ -546,6 +689,7 @@
 
   // Any click unlocks audio under the browser's autoplay rules (matters for ?autostart=1).
   document.addEventListener("click", () => { if (S.ctx && S.ctx.state === "suspended") S.ctx.resume(); });
+  if (params.get("transport") === "webrtc") $("transport").value = "webrtc";
   $("start").addEventListener("click", start);
   $("stop").addEventListener("click", stop);
   drawWaterfall();
