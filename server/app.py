@@ -37,6 +37,9 @@ from .memory import trim
 from .metrics import CONTENT_TYPE, Metrics
 from .realtime import IdSource, ProtocolError
 from .session import Limits, RealtimeSession
+from .twilio import STREAM_PATH as TWILIO_STREAM_PATH
+from .twilio import VOICE_PATH as TWILIO_VOICE_PATH
+from .twilio import TwilioCalls
 from .webrtc import CALLS_PATH, WebRTCCalls
 
 log = logging.getLogger("wafervox.server")
@@ -56,6 +59,8 @@ class ServerOptions:
     connect_rate: float = 10.0  # connections (websocket or HTTP) per second per client address, in bursts of 2 s worth
     #: proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (the client address the rate limit sees)
     trusted_proxies: tuple[str, ...] = ()
+    #: the server's address as callers' providers reach it (``--public-url``): the TwiML's stream URL; else the request's host
+    public_url: str | None = None
 
 
 class RateLimiter:
@@ -212,7 +217,7 @@ class _Front:
         too_big = f"the request line and headers are over {MAX_HEAD_BYTES} bytes"
         if kind == "http":
             send = closing(send)
-            if scope["method"] != "GET" and scope["path"] != CALLS_PATH:  # (the WebRTC offer: below, as a route)
+            if scope["method"] != "GET" and scope["path"] not in (CALLS_PATH, TWILIO_VOICE_PATH):  # (WebRTC, phone: routes below)
                 if over:
                     await srv.chat.refuse(send, receive, ApiError(431, too_big, code="request_too_large"), True)
                 else:
@@ -227,7 +232,7 @@ class _Front:
             srv.metrics.rejected.labels("rate").inc()
             await refuse(429, f"too many connections from {address}: at most {srv.opts.connect_rate:g} a second; retry shortly\n",
                          (("Retry-After", "1"),))
-        elif kind == "websocket" and scope["path"] not in WS_PATHS:
+        elif kind == "websocket" and scope["path"] not in (*WS_PATHS, TWILIO_STREAM_PATH):
             await refuse(404, f"not found: {scope['path']}\n")
         else:
             await self.app(scope, receive, send)
@@ -249,6 +254,8 @@ class VoiceServer:
         #: POST /v1/chat/completions (and any request but a GET); its completions share the sessions' slots
         self.chat = ChatAPI(shared, metrics=self.metrics, ids=self.ids, limiter=self.limiter, token=self.opts.token,
                             max_sessions=self.opts.limits.max_sessions, sessions=lambda: len(self._conns))
+        #: phone calls: POST /v1/twilio/voice (TwiML) and the /v1/twilio/stream websocket (server.twilio)
+        self.twilio = TwilioCalls(self)
         #: POST /v1/realtime/calls: the WebRTC transport (server.webrtc); each call is a session run by ``_handle``
         self.webrtc = WebRTCCalls(self)
 
@@ -259,6 +266,7 @@ class VoiceServer:
                   Route("/v1/models/{name:path}", self._openai_get), Route(CALLS_PATH, self.webrtc.answer, methods=["POST"])]
         for path in WS_PATHS:
             routes += [WebSocketRoute(path, self._session), Route(path, self._upgrade_required)]
+        routes += [Route(TWILIO_VOICE_PATH, self.twilio.voice, methods=["POST"]), WebSocketRoute(TWILIO_STREAM_PATH, self.twilio.stream)]
         return _Front(Starlette(routes=routes, exception_handlers={404: self._not_found}), self)
 
     # -- HTTP routes (GET) -------------------------------------------------------------------------

@@ -41,6 +41,10 @@ def add_parser(sub) -> None:
     sv.add_argument("--trust-proxy", action="append", default=[], metavar="ADDR",
                     help="a load balancer's address whose X-Forwarded-For is believed, so that the per-address limits see the "
                          "client's address (repeatable; '*' trusts any)")
+    sv.add_argument("--public-url", metavar="URL", default=None,
+                    help="the server's address as a phone provider reaches it (https://NAME: an ngrok tunnel or a reverse "
+                         "proxy); the TwiML of POST /v1/twilio/voice points the call's stream at URL/v1/twilio/stream "
+                         "(default: the request's Host, as wss://)")
     sv.add_argument("-v", "--verbose", action="store_true", help="log sessions and errors to stderr")
     voice_flags(sv)
     otel_flags(sv)
@@ -126,7 +130,8 @@ def _serve(args, sock, console, ready) -> None:
     limits = Limits(max_sessions=args.max_sessions, max_message_bytes=args.max_message_bytes, max_input_s=args.max_input_s,
                     max_output_bytes=args.max_output_bytes, idle_timeout_s=args.idle_timeout)
     opts = ServerOptions(host=args.host, port=args.port, token=args.token, origins=tuple(args.allow_origin), limits=limits,
-                         loop_config=loop_config(args), connect_rate=args.max_connect_rate, trusted_proxies=tuple(args.trust_proxy))
+                         loop_config=loop_config(args), connect_rate=args.max_connect_rate, trusted_proxies=tuple(args.trust_proxy),
+                         public_url=args.public_url)
     shared, deployed = load(args, console, shared=True)
     per_session = shared.session_bytes() + limits.session_buffer_bytes()
     console.print(f"[dim]{memory_plan(per_session, args.max_sessions, available_memory())}[/]")

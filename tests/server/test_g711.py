@@ -134,3 +134,62 @@ def test_g711_rates_and_switching_back():
     assert isinstance(err, P.ProtocolError) and err.code == "unsupported_format" and "audio/pcmu" in err.message
     [bad] = proto.receive(json.dumps({"type": "input_audio_buffer.append", "audio": "not base64!"}))
     assert isinstance(bad, P.ProtocolError) and bad.code == "invalid_audio"
+
+
+# --------------------------------------------------------------------------- a whole Realtime session in audio/pcmu
+
+
+@pytest.fixture(scope="module")
+def server(shared):
+    from test_server import TOKEN, _Running
+
+    from server.app import ServerOptions
+
+    s = _Running(shared, ServerOptions(port=0, token=TOKEN))
+    yield s
+    s.close()
+
+
+def test_a_session_in_pcmu_passes_the_strict_conformance_client(server):
+    """A spoken turn and a typed one in audio/pcmu both ways: every server event validates against the openai SDK's
+    union with no field outside it, the session echoes the format, and the answer comes as mu-law at 8 kHz."""
+    import asyncio
+
+    import websockets
+    from test_conformance import StrictClient
+    from test_server import TOKEN, run, turn_file
+
+    from voice.audio import read_wav, resample
+
+    x, src = read_wav(turn_file())
+    speech = np.concatenate([resample(x, src, 8000), np.zeros(8000 * 2, np.int16)])
+    law = {"type": "audio/pcmu"}
+
+    async def go():
+        async with websockets.connect(server.url("/v1/realtime"), additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+            c = StrictClient(ws)
+            await c.until(lambda e: e["type"] == "session.created")
+            await c.send(type="session.update", session={"type": "realtime", "audio": {"input": {"format": law},
+                                                                                       "output": {"format": law}}})
+            updated = (await c.until(lambda e: e["type"] == "session.updated"))[-1]
+            for i in range(0, len(speech), 1600):  # 200 ms appends at about real-time pace
+                await c.send(type="input_audio_buffer.append", audio=base64.b64encode(g711.mulaw_encode(speech[i:i + 1600])).decode())
+                await asyncio.sleep(0.05)
+            spoken = await c.until(lambda e: e["type"] == "response.done", 120)
+            await c.send(type="conversation.item.create", item={"type": "message", "role": "user",
+                                                                "content": [{"type": "input_text", "text": "Who is the owner?"}]})
+            await c.send(type="response.create")
+            typed = await c.until(lambda e: e["type"] == "response.done", 120)
+            return updated, spoken, typed
+
+    updated, spoken, typed = run(go(), 300)
+    assert updated["session"]["audio"]["input"]["format"] == law and updated["session"]["audio"]["output"]["format"] == law
+    for turn in (spoken, typed):
+        done = turn[-1]["response"]
+        assert done["status"] == "completed" and done["audio"]["output"]["format"] == law
+        audio = b"".join(base64.b64decode(e["delta"]) for e in turn if e["type"] == "response.output_audio.delta")
+        assert len(audio) > 8000 // 2  # over half a second of answer, one byte a sample
+        pcm = g711.mulaw_decode(audio).astype(np.float64)
+        assert np.sqrt(np.mean(pcm ** 2)) > 300  # speech, not silence or noise of the wrong law
+    transcript = next(e["transcript"] for e in spoken if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert "open" in transcript.lower(), transcript  # the 8 kHz mu-law question was heard
