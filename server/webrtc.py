@@ -4,9 +4,12 @@ the same as on ``/v1/realtime``) travel as text on the data channel the client o
 
 Only the adapter is ours: aiortc does ICE, DTLS, SRTP, SCTP and Opus.  A call is one ``RealtimeSession``, built and
 run by the server exactly as a websocket's is (``VoiceServer._handle``: the same session count, idle limit, output
-buffer and close), on the raw PCM16 path (``native``): its output audio comes here as bytes and goes out on the
-outbound track, paced in 20 ms frames at 48 kHz; the inbound track's frames are resampled (soxr) to the session's
-input rate and handed over as bytes.  ``_Call`` is what ``_handle`` talks to in place of a websocket.
+buffer and close), on the raw PCM16 path (``native``) at Opus's 48 kHz both ways (set by a ``session.update`` of the
+adapter's before any of the client's; its ``session.updated`` is not forwarded; a client's audio formats are
+dropped): its output audio comes here as bytes and goes out on the outbound track, paced in 20 ms frames; the inbound
+track's frames, mixed down to mono, are handed over as bytes.  No resampling here (soxr's stream resampler holds
+back ~30 ms each way; it is used only should a decoder give another rate).  ``_Call`` is what ``_handle`` talks to
+in place of a websocket.
 
 The handshake's checks are the websocket's: the rate per client address (``_Front``), the Origin (a browser's), the
 token (``Authorization: Bearer``, or ``?token=``), the session count; then the offer's size and type.  ICE gathers host
@@ -29,6 +32,7 @@ import av
 import numpy as np
 import soxr
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError
 from starlette.requests import Request
 from starlette.responses import Response
@@ -79,6 +83,32 @@ def prefer_opus(pc: RTCPeerConnection) -> None:
 
 
 # -- audio ------------------------------------------------------------------------------------------
+
+
+class AudioJitter:
+    """The receiver's jitter stage for audio: each RTP packet is a whole Opus frame, handed to the decoder as it
+    arrives; one older than the newest so far is dropped.  aiortc's own buffer holds four more frames before it
+    releases one (80 ms of delay on the turn's end: the endpoint would be heard that much later).  Opus conceals
+    a lost frame; on a link that reorders, a late frame is lost rather than waited for."""
+
+    def __init__(self):
+        self._last: int | None = None
+
+    def add(self, packet) -> tuple[bool, JitterFrame | None]:
+        seq = packet.sequence_number
+        if self._last is not None and (seq - self._last) % 65536 >= 32768:  # (a repeat, or older than the newest)
+            return False, None
+        self._last = seq
+        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)
+
+
+def low_latency_audio(pc: RTCPeerConnection) -> None:
+    """Every audio receiver of ``pc`` on ``AudioJitter`` (set before the first packet: after the remote description).
+    A no-op where aiortc keeps its buffer elsewhere."""
+    for t in pc.getTransceivers():
+        if t.kind == "audio" and hasattr(t.receiver, "_RTCRtpReceiver__jitter_buffer"):
+            t.receiver._RTCRtpReceiver__jitter_buffer = AudioJitter()
+
 
 
 class OutputTrack(MediaStreamTrack):
@@ -190,6 +220,7 @@ class _Call:
         self.pending: deque[str] = deque()  # events before the data channel opened
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.closed = False
+        self._own_update = True  # the adapter's session.update (48 kHz both ways) is answered first: not forwarded
         self.close_code: int | None = None
         self.close_reason = ""
         self._tasks: set[asyncio.Task] = set()
@@ -263,7 +294,9 @@ class _Call:
 
     # what the server calls
     async def messages(self):
+        rate = {"format": {"type": "audio/pcm", "rate": RATE}}
         try:
+            yield json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {"input": rate, "output": rate}}})
             while (msg := await self.inbox.get()) is not None:
                 yield msg
         finally:
@@ -274,6 +307,9 @@ class _Call:
             return
         if isinstance(frame, bytes):
             self.track.feed(frame)
+            return
+        if self._own_update and '"session.updated"' in frame[:80]:
+            self._own_update = False
             return
         if '"response.done"' in frame[:60] and '"cancelled"' in frame:
             self.track.clear()  # a barge-in or response.cancel: what is queued is not played
@@ -365,12 +401,9 @@ class WebRTCCalls:
         if "m=application" not in offer:
             return _error(ApiError(400, f"the offer has no data channel (create '{EVENTS_LABEL}' before the offer)",
                                    code="invalid_offer"))
-        from .realtime.config import SessionConfig
-
-        cfg = SessionConfig()
         pc = RTCPeerConnection(ice_config())
         remote = (request.client.host, request.client.port) if request.client else None
-        call = _Call(pc, cfg.input_rate, cfg.output_rate, self.server.opts.limits.max_output_bytes, remote)
+        call = _Call(pc, RATE, RATE, self.server.opts.limits.max_output_bytes, remote)
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
             pc.addTrack(call.track)
@@ -378,6 +411,7 @@ class WebRTCCalls:
                 if t.kind == "audio":
                     t.direction = "sendrecv"
             prefer_opus(pc)
+            low_latency_audio(pc)
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as e:  # an SDP aiortc cannot take
             await pc.close()
