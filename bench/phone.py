@@ -11,8 +11,9 @@ at real-time pace from a queue; a ``mark`` echoed only once the audio before it 
 clock: the caller's input samples sent from the utterance's last voiced sample to the first sample of the answer
 playing.  Then the barge-in recording: how soon after the interruption's first voiced sample ``clear`` came.
 
-``--band`` runs the voice loop on the virtual clock over each recording twice, wideband (16 kHz) and through the
-phone (8 kHz mu-law, fed at 8 kHz): word error against the manifest's text, and ``endpoint_ms`` p50.
+``--band`` runs the voice loop on the virtual clock over each recording: wideband (16 kHz), through the phone (8 kHz
+mu-law) fed at 8 kHz, and widened to 16 kHz as the server feeds 8 kHz input (``voice.g711.BandWidener``): word error
+against the manifest's text, and ``endpoint_ms`` p50.
 """
 
 from __future__ import annotations
@@ -250,21 +251,19 @@ def conversation_turns(name: str) -> list[tuple[np.ndarray, float]]:
 
 
 def band(names: list[str]) -> dict:
-    """Each conversation through the voice loop on the virtual clock, wideband (16 kHz) then through the phone (8 kHz
-    mu-law, fed at 8 kHz): word error against the manifest's text, and endpoint_ms, over all turns."""
+    """Each conversation through the voice loop on the virtual clock, wideband (16 kHz), then through the phone (8 kHz
+    mu-law) fed at 8 kHz, then widened as the server feeds it (``voice.g711.BandWidener``): word error against the
+    manifest's text, and endpoint_ms, over all turns."""
     from voice.audio import BufferSink, chunks, read_wav, resample
     from voice.clock import VirtualClock
     from voice.engines import load_engines
     from voice.loop import LoopConfig, VoiceLoop, run_stream
     from voice.replay import SAMPLES, manifest
 
-    sys.path.insert(0, str(ROOT / "tests" / "voice"))
-    from test_asr_tts import wer
-
     m = manifest()
     engines, _ = load_engines()
     out = {}
-    for label in ("wideband", "phone"):
+    for label in ("wideband", "phone", "phone_widened"):
         errors, words, endpoint, transcripts = 0.0, 0, [], []
         for name in names:
             loop = VoiceLoop(engines, BufferSink(engines.tts.sample_rate), VirtualClock(), LoopConfig())
@@ -273,8 +272,11 @@ def band(names: list[str]) -> dict:
                 x, src = read_wav(SAMPLES / f)
                 if label == "wideband":
                     pcm, rate = resample(x, src, 16000), 16000
-                else:
+                else:  # through the phone: as it was fed before (8 kHz), and as the server feeds it (widened to 16 kHz)
                     pcm, rate = g711.mulaw_decode(g711.mulaw_encode(resample(x, src, RATE))), RATE
+                    if label == "phone_widened":
+                        widen = g711.BandWidener()
+                        pcm, rate = np.concatenate([widen(pcm[i:i + FRAME]) for i in range(0, len(pcm), FRAME)]), 2 * RATE
                 refs.append(m["turns"][f]["text"])
                 run_stream(loop, chunks(pcm, rate, 20))
             loop.finish()
@@ -283,12 +285,25 @@ def band(names: list[str]) -> dict:
                 errors += wer(ref, rep.transcript) * n
                 words += n
                 transcripts.append(rep.transcript)
-                d = rep.to_dict()
-                if d.get("endpoint_ms") is not None:
-                    endpoint.append(d["endpoint_ms"])
+                ms = rep.to_dict()["latency_ms"].get("endpoint_ms")
+                if ms is not None:
+                    endpoint.append(ms)
         out[label] = {"wer": errors / max(1, words), "endpoint_p50_ms": statistics.median(endpoint) if endpoint else None,
                       "turns": len(endpoint), "transcripts": transcripts}
     return out
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate: word edits (Levenshtein) over the reference's words, case and punctuation aside."""
+    import re
+
+    ref, hyp = (re.sub(r"[^a-z0-9' ]", " ", t.lower()).split() for t in (reference, hypothesis))
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1] / max(1, len(ref))
 
 
 def q(values: list[float], p: float) -> float:
@@ -322,8 +337,18 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name}: voice-to-voice on the call's clock {[round(x) for x in got]} ms, "
                           f"{len(r['voice_to_voice_ms']) - len(got)} unanswered ({time.monotonic() - t:.0f} s)")
             b = asyncio.run(barge_in_call(url))
+            # the same conversations over /v1/realtime (24 kHz PCM, `wafervox client`, its own clock): the wideband peer
+            from _serve import conversations, replay_sessions
+
+            files = dict(conversations())
+            wide = []
+            for name in args.conversations:
+                turns = asyncio.run(replay_sessions(f"ws://127.0.0.1:{port}/v1/realtime", [(0.0, name, files[name])], 500.0, quiet=True))
+                wide += [t["latency_ms"]["voice_to_voice_ms"] for t in turns if t["latency_ms"]["voice_to_voice_ms"] is not None]
             result["calls"] = {"turns": len(v2v) + unanswered, "answered": len(v2v), "v2v_p50_ms": q(v2v, 0.5) if v2v else None,
-                               "v2v_p95_ms": q(v2v, 0.95) if v2v else None, "barge_in_clear_after_ms": b["clear_after_ms"]}
+                               "v2v_p95_ms": q(v2v, 0.95) if v2v else None, "barge_in_clear_after_ms": b["clear_after_ms"],
+                               "realtime_v2v_p50_ms": q(wide, 0.5) if wide else None,
+                               "realtime_v2v_p95_ms": q(wide, 0.95) if wide else None, "realtime_turns": len(wide)}
         finally:
             stop_server(proc)
     if args.band or both:
@@ -336,11 +361,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"phone route, 8 kHz mu-law: {c['answered']} / {c['turns']} turns answered; voice-to-voice on the call's clock "
               f"p50 {c['v2v_p50_ms']:.0f} / p95 {c['v2v_p95_ms']:.0f} ms (bar p50 <= 400); barge-in: clear "
               f"{c['barge_in_clear_after_ms']} ms after the interruption's first voiced sample")
+        if c["realtime_v2v_p50_ms"] is not None:
+            print(f"  the same conversations over /v1/realtime (24 kHz PCM, wafervox client's clock, same server): "
+                  f"{c['realtime_turns']} turns, voice-to-voice p50 {c['realtime_v2v_p50_ms']:.0f} / p95 {c['realtime_v2v_p95_ms']:.0f} ms")
     if "band" in result:
-        w, p = result["band"]["wideband"], result["band"]["phone"]
-        ratio = p["wer"] / w["wer"] if w["wer"] else float("inf") if p["wer"] else 1.0
-        print(f"telephone band: word error {p['wer']:.3f} vs wideband {w['wer']:.3f} ({ratio:.2f}x, bar 1.5x); endpoint p50 "
-              f"{p['endpoint_p50_ms']:.0f} vs {w['endpoint_p50_ms']:.0f} ms ({p['endpoint_p50_ms'] - w['endpoint_p50_ms']:+.0f}, bar 50)")
+        w = result["band"]["wideband"]
+        for label in ("phone", "phone_widened"):
+            p = result["band"][label]
+            ratio = p["wer"] / w["wer"] if w["wer"] else float("inf") if p["wer"] else 1.0
+            print(f"telephone band ({label}): word error {p['wer']:.3f} vs wideband {w['wer']:.3f} ({ratio:.2f}x, bar 1.5x); "
+                  f"endpoint p50 {p['endpoint_p50_ms']:.0f} vs {w['endpoint_p50_ms']:.0f} ms "
+                  f"({p['endpoint_p50_ms'] - w['endpoint_p50_ms']:+.0f}, bar 50)")
+            if label == "phone_widened":
+                print(f"  {[t for t, r in zip(p['transcripts'], w['transcripts']) if t != r]} (where the wideband differs)")
     return 0
 
 

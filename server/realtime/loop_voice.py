@@ -3,9 +3,10 @@
 
 It is where client events touch the engines: ``session.update``'s instructions (checked against the context, then a
 new persona's engines, swapped in at once or at the next turn boundary), turn detection, output rate and tools;
-``response.create``'s prompt, instructions and tool choice; commits, clears, cancels and truncations; and the input
-audio's flow control (audio arriving faster than real time is dropped, an utterance over the limit cleared).  Unlike
-the rest of the package it runs engines and reads the monotonic clock; the session thread owns it.
+``response.create``'s prompt, instructions and tool choice; commits, clears, cancels and truncations; the input audio
+(8 kHz input, G.711 or PCM, widened to 16 kHz by ``voice.g711.BandWidener`` for the endpointer and Whisper) and its
+flow control (audio arriving faster than real time is dropped, an utterance over the limit cleared).  Unlike the rest
+of the package it runs engines and reads the monotonic clock; the session thread owns it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import replace
 import numpy as np
 
 from voice.audio import AudioChunk, Resampler
+from voice.g711 import RATE as PHONE_RATE
+from voice.g711 import BandWidener
 from voice.llm import Persona
 from voice.loop import VoiceLoop
 
@@ -45,6 +48,7 @@ class LoopVoice:
         self._audio_origin: float | None = None  # monotonic time the input audio taken would have started at, in real time
         self._audio_s = 0.0  # input audio taken, in seconds
         self._ahead_reported = False  # an "arriving faster than real time" episode was reported
+        self._widener: BandWidener | None = None  # 8 kHz input (G.711, a phone call) to 16 kHz, its upper band filled
 
     def start(self, loop: VoiceLoop) -> None:
         self.loop = loop
@@ -140,7 +144,12 @@ class LoopVoice:
                                   "catches up", ev.event_id)]
         self._ahead_reported = False
         self._audio_s += len(ev.samples) / ev.rate
-        self.loop.feed(AudioChunk(ev.samples, ev.rate, 0))
+        samples, rate = ev.samples, ev.rate
+        if rate == PHONE_RATE:  # the telephone band: to the endpointer's and Whisper's 16 kHz, the band above 4 kHz filled
+            if self._widener is None:
+                self._widener = BandWidener()
+            samples, rate = self._widener(samples), 2 * rate
+        self.loop.feed(AudioChunk(samples, rate, 0))
         if self.loop.buffered_s() > self.max_input_s:
             self.loop.clear_input()
             return [ProtocolError("input_audio_buffer_overflow", f"the utterance is longer than {self.max_input_s:g} s; "

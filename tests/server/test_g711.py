@@ -193,3 +193,19 @@ def test_a_session_in_pcmu_passes_the_strict_conformance_client(server):
         assert np.sqrt(np.mean(pcm ** 2)) > 300  # speech, not silence or noise of the wrong law
     transcript = next(e["transcript"] for e in spoken if e["type"] == "conversation.item.input_audio_transcription.completed")
     assert "open" in transcript.lower(), transcript  # the 8 kHz mu-law question was heard
+
+
+def test_the_band_widener_streams_and_fills_the_upper_band_at_its_gain():
+    rate = 8000
+    t = np.arange(rate) / rate
+    tone = (np.sin(2 * np.pi * 1000 * t) * 8000).astype(np.int16)
+    whole = g711.BandWidener()(tone)
+    w = g711.BandWidener()
+    parts = np.concatenate([w(tone[i:i + 160]) for i in range(0, len(tone), 160)])  # 20 ms at a time, as a call sends
+    assert len(whole) == 2 * len(tone) and whole.dtype == np.int16 and np.array_equal(parts, whole)
+    n = 8000  # half a second at 16 kHz, past the filter's start: whole periods of both tones
+    spectrum = np.abs(np.fft.rfft(whole[2000:2000 + n].astype(np.float64)))
+    level = {f: spectrum[f * n // 16000] for f in (1000, 7000)}
+    assert 0.95 < level[1000] / (8000 * n / 2) < 1.05  # the base band at unit gain
+    assert 0.25 < level[7000] / level[1000] < 0.35  # its mirror image (8 kHz - 1 kHz) at image_gain 0.3, about -10 dB
+    assert g711.BandWidener()(np.zeros(0, np.int16)).size == 0
