@@ -9,8 +9,8 @@ one call over each transport, alternating which goes first: the recording is sen
 websocket), followed by silence.  The client's figure: from the moment the recording's last voiced sample
 (the manifest's ``speech_end_s``) was handed to the transport to the first audible sample of the answer received
 (the inbound track's frame, or the first ``response.output_audio.delta``).  The server's own pipeline figure
-(``turn.latency``) is printed beside it.  Prints p50 of each per transport and the difference WebRTC - websocket,
-held against a 50 ms bar.
+(``turn.latency``) is printed beside it, with its stages.  Prints p50 of each per transport, the difference WebRTC -
+websocket (pooled, and per turn: the same recording paired), held against a 50 ms bar, and each stage's p50 on both.
 
 The client side (``WavTrack``, ``webrtc_turn``, ``websocket_turn``) is imported by tests/server/test_webrtc.py.
 """
@@ -39,6 +39,7 @@ FRAME = RATE // 50
 AUDIBLE = 300  # int16 peak over which a received frame is the answer's audio (the track is silent between answers)
 TRAIL_S = 6.0  # silence after the recording: the answer's time
 BAR_MS = 50.0
+STAGES = ("endpoint_ms", "asr_ms", "llm_first_token_ms", "first_phrase_ms", "tts_first_audio_ms", "hold_ms", "voice_to_voice_ms")
 
 
 def turn_pcm(conv: str, i: int, rate: int = RATE) -> tuple[np.ndarray, float, dict]:
@@ -243,6 +244,9 @@ def main() -> None:
 
     from _serve import start_server, stop_server  # beside this script: its folder is on sys.path
 
+    from decode import qint
+
+    print(f"kernel path: {qint.select().name} (this CPU runs {', '.join(qint.available())})", flush=True)
     proc, port = start_server([])
     base = f"http://127.0.0.1:{port}"
     rows = []
@@ -259,8 +263,10 @@ def main() -> None:
                     else:
                         res = asyncio.run(websocket_turn(f"ws://127.0.0.1:{port}/v1/realtime?extensions=1", pcm24, end_s))
                     rep = res["report"] or {}
+                    lat = rep.get("latency_ms") or {}
                     row = {"turn": spec, "transport": how, "client_v2v_ms": res["client_v2v_ms"],
-                           "server_v2v_ms": (rep.get("latency_ms") or {}).get("voice_to_voice_ms"), "transcript": rep.get("transcript")}
+                           "server_v2v_ms": lat.get("voice_to_voice_ms"), "transcript": rep.get("transcript"),
+                           "stages_ms": {k: lat.get(k) for k in STAGES}}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     time.sleep(1.0)
@@ -276,6 +282,27 @@ def main() -> None:
     a, b = summary["webrtc"]["client_v2v_p50_ms"], summary["websocket"]["client_v2v_p50_ms"]
     diff = None if a is None or b is None else round(a - b, 1)
     summary["webrtc_minus_websocket_ms"] = diff
+    # the same recording, paired: per turn, the p50 over WebRTC less the p50 over the websocket; their median
+    per_turn = {}
+    for spec in args.turns:
+        med = {how: [r["client_v2v_ms"] for r in rows if r["turn"] == spec and r["transport"] == how and r["client_v2v_ms"] is not None]
+               for how in ("webrtc", "websocket")}
+        if med["webrtc"] and med["websocket"]:
+            per_turn[spec] = round(float(statistics.median(med["webrtc"]) - statistics.median(med["websocket"])), 1)
+    summary["per_turn_webrtc_minus_websocket_ms"] = per_turn
+    summary["paired_median_ms"] = round(float(statistics.median(per_turn.values())), 1) if per_turn else None
+    # the transport's own share, less noisy than either figure: the client's figure less the server's for the same call
+    # (the server's starts at its endpointer's last voiced sample and ends when the answer's first sample is handed over)
+    for how in ("webrtc", "websocket"):
+        d = [r["client_v2v_ms"] - r["server_v2v_ms"] for r in rows
+             if r["transport"] == how and r["client_v2v_ms"] is not None and r["server_v2v_ms"] is not None]
+        summary[how]["client_less_server_p50_ms"] = round(float(statistics.median(d)), 1) if d else None
+    a_, b_ = summary["webrtc"]["client_less_server_p50_ms"], summary["websocket"]["client_less_server_p50_ms"]
+    summary["transport_overhead_ms"] = None if a_ is None or b_ is None else round(a_ - b_, 1)
+    for stage in STAGES:  # where a difference comes from: each stage's p50 on both (the server's reports)
+        v = {how: [r["stages_ms"][stage] for r in rows if r["transport"] == how and r["stages_ms"][stage] is not None]
+             for how in ("webrtc", "websocket")}
+        summary.setdefault("stage_p50_ms", {})[stage] = {how: round(float(statistics.median(x)), 1) if x else None for how, x in v.items()}
     summary["bar_ms"] = BAR_MS
     summary["within_bar"] = bool(diff is not None and diff <= BAR_MS)
     print(json.dumps(summary, indent=1))

@@ -87,7 +87,7 @@ def test_webrtc_call_holds_a_spoken_turn(server):
     assert not server.server._conns
 
 
-@pytest.mark.parametrize("case", ["no_token", "wrong_type", "no_audio", "garbage", "get"])
+@pytest.mark.parametrize("case", ["no_token", "wrong_type", "no_audio", "garbage", "get", "origin"])
 def test_webrtc_handshake_refusals(server, case):
     import urllib.request
 
@@ -113,6 +113,16 @@ def test_webrtc_handshake_refusals(server, case):
         except urllib.error.HTTPError as e:
             status, body = e.code, e.read().decode()
         assert status == 415 and "application/sdp" in body, (status, body)
+    elif case == "origin":  # a page of another site may not place calls here
+        req = urllib.request.Request(f"{server.base}/v1/realtime/calls", data=offer.encode(), method="POST",
+                                     headers={"Content-Type": "application/sdp", "Authorization": f"Bearer {TOKEN}",
+                                              "Origin": "http://elsewhere.example"})
+        try:
+            urllib.request.urlopen(req, timeout=10)
+            status, body = 200, ""
+        except urllib.error.HTTPError as e:
+            status, body = e.code, e.read().decode()
+        assert status == 403 and "origin" in body, (status, body)
     elif case == "no_audio":
         status, body, _ = post_offer(f"{server.base}/v1/realtime/calls", offer, TOKEN)
         assert status == 400 and "m=audio" in body, (status, body)
@@ -120,6 +130,18 @@ def test_webrtc_handshake_refusals(server, case):
         status, body, _ = post_offer(f"{server.base}/v1/realtime/calls", "m=audio\r\nm=application\r\nnonsense", TOKEN)
         assert status == 400 and "invalid_offer" in body, (status, body)
     assert not server.server._conns
+
+
+def test_webrtc_call_refused_when_full(shared):
+    """The session count holds for calls as for sockets: a full server answers 503 (Retry-After) before any SDP work."""
+    from server.session import Limits
+
+    s = _Running(shared, ServerOptions(port=0, limits=Limits(max_sessions=0)))
+    try:
+        status, body, headers = post_offer(f"{s.base}/v1/realtime/calls", "m=audio\r\nm=application\r\n")
+    finally:
+        s.close()
+    assert status == 503 and "server_full" in body and headers.get("retry-after") == "1", (status, body, headers)
 
 
 def test_output_track_paces_frames_and_clears():
