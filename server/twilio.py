@@ -21,7 +21,8 @@ is transcoded or resampled here); the session's server events in, Twilio's messa
   ``conversation.item.truncate`` at the position the call had played (the last echo, moved on by the call's clock), so
   the conversation keeps the words the caller heard;
 - a ``dtmf`` key is kept (``dtmf``), and becomes a user turn: a text item ("The caller pressed 5.") and
-  ``response.create``.
+  ``response.create`` (during an answer: ``response.cancel`` first, the turn once its ``response.done`` came);
+- a response cancelled while its audio is queued on the call (``response.cancel``, a key) is cleared as a barge-in is.
 
 ``TwilioCalls`` is the ASGI side: ``POST /v1/twilio/voice`` answers a number's voice webhook with TwiML that connects
 the call to the stream (its URL from ``--public-url``, else the request's host), and ``/v1/twilio/stream`` checks the
@@ -101,6 +102,8 @@ class MediaStream:
     _marks: deque = field(default_factory=deque)  # marks sent, not echoed yet
     _answers: dict = field(default_factory=dict)  # response id -> _Answer
     _current: _Answer | None = None  # the answer whose audio is being sent
+    responding: bool = False  # a response is in progress (response.created .. response.done)
+    _turns: list = field(default_factory=list)  # a keypad turn waiting for the response in progress to end
     _n: int = 0
 
     # -- the call -> the session -----------------------------------------------------------------
@@ -188,9 +191,14 @@ class MediaStream:
             return []
         self.dtmf.append(digit)
         log.info("%s: dtmf %s", self.call_sid or self.stream_sid, digit)
-        return [{"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+        turn = [{"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
                     {"type": "input_text", "text": f"(The caller pressed {digit} on the keypad.)"}]}},
                 {"type": "response.create"}]
+        if not self.responding:
+            return turn
+        first = not self._turns
+        self._turns = turn  # (the latest key wins) once the answer in progress has ended: cancelled now
+        return [{"type": "response.cancel"}] if first else []
 
     # -- the session -> the call -----------------------------------------------------------------
 
@@ -202,6 +210,16 @@ class MediaStream:
             return self._flush(), []
         if kind == "input_audio_buffer.speech_started":
             return self._barge_in()
+        if kind == "response.created":
+            self.responding = True
+        elif kind == "response.done":
+            self.responding = False
+            to_call, to_session = [], []
+            if (ev.get("response") or {}).get("status") == "cancelled":  # its audio still queued on the call is not to play
+                to_call, to_session = self._barge_in()
+            to_session += self._turns
+            self._turns = []
+            return to_call, to_session
         return [], []
 
     def _delta(self, ev: dict) -> list[dict]:
@@ -297,6 +315,17 @@ def stream_url(public_url: str | None, host: str, scheme: str) -> str:
     name = host.rsplit(":", 1)[0].strip("[]") if host.count(":") <= 1 or host.startswith("[") else host
     loopback = name in ("localhost", "127.0.0.1", "::1")
     return f"{'ws' if scheme == 'http' and loopback else 'wss'}://{host}{STREAM_PATH}"
+
+
+def check_public_url(url: str) -> str:
+    """``--public-url``: an absolute http(s) or ws(s) URL with a host (a path prefix allowed); ValueError says why not."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http", "wss", "ws") or not parts.netloc or parts.query or parts.fragment:
+        raise ValueError(f"--public-url {url!r} is not an https://HOST[/PATH] URL (the server's address as the phone provider "
+                         "reaches it)")
+    return url
 
 
 def _offered_token(headers, query: dict) -> str | None:

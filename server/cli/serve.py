@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
     sv.add_argument("--trust-proxy", action="append", default=[], metavar="ADDR",
                     help="a load balancer's address whose X-Forwarded-For is believed, so that the per-address limits see the "
                          "client's address (repeatable; '*' trusts any)")
-    sv.add_argument("--public-url", metavar="URL", default=None,
+    sv.add_argument("--public-url", metavar="URL", default=None, type=_public_url,
                     help="the server's address as a phone provider reaches it (https://NAME: an ngrok tunnel or a reverse "
                          "proxy); the TwiML of POST /v1/twilio/voice points the call's stream at URL/v1/twilio/stream "
                          "(default: the request's Host, as wss://)")
@@ -50,6 +50,17 @@ def add_parser(sub) -> None:
     otel_flags(sv)
     priority_flag(sv)
     sv.set_defaults(func=run)
+
+
+def _public_url(value: str) -> str:
+    import argparse
+
+    from ..twilio import check_public_url
+
+    try:
+        return check_public_url(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def available_memory() -> int | None:

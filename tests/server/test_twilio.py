@@ -272,3 +272,27 @@ def test_barge_in_sends_clear_and_dtmf_is_a_turn(server):
 
     assert asyncio.run(keypad())
     assert _record(server, before)["dtmf"] == ["7"]
+
+
+def test_a_key_during_an_answer_cancels_it_then_becomes_the_turn():
+    s = _started()
+    s.from_session({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress"}})
+    s.from_session(_delta(1600))
+    key = json.dumps({"event": "dtmf", "streamSid": SID, "dtmf": {"track": "inbound_track", "digit": "1"}})
+    assert s.from_call(key) == [{"type": "response.cancel"}]
+    assert s.from_call(key.replace('"1"', '"2"')) == []  # one cancel; the latest key is the turn
+    to_call, to_session = s.from_session({"type": "response.done", "response": {"id": "resp_1", "status": "cancelled"}})
+    assert to_call == [{"event": "clear", "streamSid": SID}]
+    assert [e["type"] for e in to_session] == ["conversation.item.truncate", "conversation.item.create", "response.create"]
+    assert to_session[1]["item"]["content"][0]["text"] == "(The caller pressed 2 on the keypad.)" and s.dtmf == ["1", "2"]
+    assert not s.responding and s.from_session({"type": "response.done", "response": {"status": "completed"}}) == ([], [])
+
+
+def test_public_url_is_checked():
+    from server.twilio import check_public_url
+
+    assert check_public_url("https://voice.example.com/phone") == "https://voice.example.com/phone"
+    assert stream_url("https://voice.example.com/phone", "x", "http") == "wss://voice.example.com/phone" + STREAM_PATH
+    for bad in ("voice.example.com", "ftp://x", "https://", "https://x/?a=1"):
+        with pytest.raises(ValueError, match="--public-url"):
+            check_public_url(bad)
