@@ -1,7 +1,7 @@
 """Voice-to-voice over WebRTC (``POST /v1/realtime/calls``, Opus both ways, events on ``oai-events``) against the
 websocket path (``/v1/realtime``), on the same recording, in one run, measured on the client's clock.
 
-    .venv/bin/python bench/webrtc.py [--turns morning:0 visit:1 ...] [--repeat 3] [--json FILE]
+    .venv/bin/python bench/webrtc.py [--turns morning:0 visit:1 ...] [--repeat 3] [--browser] [--json FILE]
 
 Starts ``wafervox serve`` on a free loopback port (its own process), then for each recorded turn and repetition holds
 one call over each transport, alternating which goes first: the recording is sent at real-time pace in 20 ms frames
@@ -11,6 +11,10 @@ websocket), followed by silence.  The client's figure: from the moment the recor
 (the inbound track's frame, or the first ``response.output_audio.delta``).  The server's own pipeline figure
 (``turn.latency``) is printed beside it, with its stages.  Prints p50 of each per transport, the difference WebRTC -
 websocket (pooled, and per turn: the same recording paired), held against a 50 ms bar, and each stage's p50 on both.
+
+``--browser``: the same comparison through the demo page in headless chromium (``?transport=websocket`` and
+``?transport=webrtc``, the recording as its fake microphone), on the page's own clock (``wafervox.pageV2V``: the
+last microphone sample over a level to the answer's first sample over it).
 
 The client side (``WavTrack``, ``webrtc_turn``, ``websocket_turn``) is imported by tests/server/test_webrtc.py.
 """
@@ -227,6 +231,47 @@ async def websocket_turn(ws_url: str, pcm24: np.ndarray, speech_end_s: float, *,
             "report": _report(events)}
 
 
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--autoplay-policy=no-user-gesture-required", "--use-fake-ui-for-media-stream",
+                 "--use-fake-device-for-media-stream", "--allow-loopback-in-peer-connection",
+                 "--disable-features=WebRtcHideLocalIpsWithMdns"]
+
+
+def browser_turn(port: int, wav: Path, transport: str, timeout_s: float = 90) -> dict:
+    """The demo page in headless chromium, ``?transport=`` websocket or webrtc, with ``wav`` as its fake microphone
+    (chromium loops it: it holds one turn and a long silence); the page's own voice-to-voice (``wafervox.pageV2V``:
+    the last microphone sample over its level to the answer's first sample over it, on the AudioContext's clock) and
+    the server's figure for the same turn."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=[*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={wav}"])
+        try:
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{port}/?autostart=1&transport={transport}", wait_until="load", timeout=30_000)
+            page.wait_for_function("() => window.wafervox && window.wafervox.pageV2V.length > 0 && "
+                                   "window.wafervox.turns.some(r => r.latency_ms && r.latency_ms.voice_to_voice_ms != null)",
+                                   timeout=timeout_s * 1000, polling=100)
+            state = page.evaluate("() => ({v2v: window.wafervox.pageV2V[0], turn: window.wafervox.turns[0]})")
+        finally:
+            browser.close()
+    rep = state["turn"] or {}
+    return {"client_v2v_ms": state["v2v"], "report": rep}
+
+
+def browser_wav(pcm48: np.ndarray, path: Path) -> Path:
+    import wave
+
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(RATE)
+        w.writeframes(pcm48.astype("<i2").tobytes())
+    return path
+
+
 def _ms(t: float | None, t0: float | None) -> float | None:
     return None if t is None or t0 is None else round((t - t0) * 1000, 1)
 
@@ -240,6 +285,8 @@ def main() -> None:
     ap.add_argument("--turns", nargs="+", default=["morning:0", "visit:1", "morning:2"], help="conversation:index of the manifest")
     ap.add_argument("--repeat", type=int, default=2, help="calls per turn and transport")
     ap.add_argument("--json", help="write every call's figures here")
+    ap.add_argument("--browser", action="store_true", help="the demo page in chromium in each mode, in place of Python peers "
+                    "(voice-to-voice on the page's clock)")
     args = ap.parse_args()
 
     from _serve import start_server, stop_server  # beside this script: its folder is on sys.path
@@ -258,7 +305,12 @@ def main() -> None:
             for r in range(args.repeat):
                 order = ("webrtc", "websocket") if r % 2 == 0 else ("websocket", "webrtc")
                 for how in order:
-                    if how == "webrtc":
+                    if args.browser:
+                        import tempfile
+
+                        with tempfile.TemporaryDirectory() as tmp:
+                            res = browser_turn(port, browser_wav(pcm48, Path(tmp) / "mic.wav"), how)
+                    elif how == "webrtc":
                         res = asyncio.run(webrtc_turn(base, pcm48, end_s))
                     else:
                         res = asyncio.run(websocket_turn(f"ws://127.0.0.1:{port}/v1/realtime?extensions=1", pcm24, end_s))

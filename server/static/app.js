@@ -595,7 +595,12 @@
       setStatus("closed (the server ended the call)", !S.stopping);
       teardown();
     };
-    pc.ontrack = (e) => playRemote(e.streams[0] || new MediaStream([e.track]));
+    pc.ontrack = (e) => {
+      // the least jitter buffering the browser allows (a clean link needs little; the default starts higher)
+      if ("jitterBufferTarget" in e.receiver) e.receiver.jitterBufferTarget = 0;
+      else if ("playoutDelayHint" in e.receiver) e.receiver.playoutDelayHint = 0;
+      playRemote(e.streams[0] || new MediaStream([e.track]));
+    };
     pc.onconnectionstatechange = () => {
       if (pc.connectionState === "failed" && S.pc === pc) {
         setStatus("WebRTC: the connection failed", true);
