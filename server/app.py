@@ -27,11 +27,11 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from voice.loop import LoopConfig
 
-from .asgi import MAX_HEAD_BYTES, AsgiServer, bind, closing, deny, head_bytes, respond
+from .asgi import MAX_HEAD_BYTES, AsgiServer, SessionSocket, bind, closing, deny, head_bytes, respond
 from .chat import CHAT_PATH, ApiError, ChatAPI
 from .memory import trim
 from .metrics import CONTENT_TYPE, Metrics
@@ -100,7 +100,7 @@ class _Outbox:
     Audio beyond ``limit`` queued bytes is dropped with one ``error`` event per overflow; a client
     that lets even the events pile up past twice the limit is disconnected."""
 
-    def __init__(self, ws: _Socket, loop: asyncio.AbstractEventLoop, limit: int, metrics: Metrics):
+    def __init__(self, ws: SessionSocket, loop: asyncio.AbstractEventLoop, limit: int, metrics: Metrics):
         self.ws, self.loop, self.limit, self.metrics = ws, loop, limit, metrics
         self.queue: deque[str | bytes] = deque()
         self.bytes = 0
@@ -157,48 +157,6 @@ class _Outbox:
             self.ready.clear()
 
 
-class _Socket:
-    """A session's websocket (Starlette's, over uvicorn's): sending, closing, the messages in, how it closed.  Sending
-    on a socket that has closed does nothing."""
-
-    def __init__(self, ws: WebSocket):
-        self.ws = ws
-        self.remote_address = (ws.client.host, ws.client.port) if ws.client else None
-        self.closed = False
-        self.close_code: int | None = None
-        self.close_reason = ""
-
-    async def send(self, frame: str | bytes) -> None:  # waits while the socket's write buffer is full
-        if self.closed:
-            return
-        try:
-            if isinstance(frame, bytes):
-                await self.ws.send_bytes(frame)
-            else:
-                await self.ws.send_text(frame)
-        except (WebSocketDisconnect, OSError, RuntimeError):
-            self.closed = True
-
-    async def close(self, code: int, reason: str) -> None:
-        if self.closed:
-            return
-        self.closed, self.close_code, self.close_reason = True, code, reason
-        try:
-            await self.ws.close(code, reason)
-        except (WebSocketDisconnect, OSError, RuntimeError):
-            pass
-
-    async def messages(self):
-        while True:
-            msg = await self.ws.receive()
-            if msg["type"] == "websocket.disconnect":
-                if self.close_code is None:
-                    self.close_code, self.close_reason = msg.get("code", 1005), msg.get("reason") or ""
-                self.closed = True
-                return
-            yield msg["text"] if msg.get("text") is not None else msg.get("bytes", b"")
-
-
 class _Front:
     """What holds for every request, before any route: the head's size, the rate per client address (non-GET requests
     have theirs checked by ``ChatAPI``, in its order and its error shape), websockets on their paths only, and
@@ -244,7 +202,7 @@ class VoiceServer:
         self.opts = options or ServerOptions()
         self.metrics = metrics or Metrics()
         self.ids = _Ids()
-        self._conns: dict[_Socket, RealtimeSession] = {}  # the open sessions, by their connection
+        self._conns: dict[SessionSocket, RealtimeSession] = {}  # the open sessions, by their connection
         self._n = 0
         self.port: int | None = None
         self._http: AsgiServer | None = None
@@ -356,9 +314,9 @@ class VoiceServer:
             await websocket.send_denial_response(denial)
             return
         await websocket.accept(subprotocol=self._select_subprotocol(websocket.scope.get("subprotocols", [])))
-        await self._handle(_Socket(websocket), websocket.url.path, parse_qs(websocket.url.query))
+        await self._handle(SessionSocket(websocket), websocket.url.path, parse_qs(websocket.url.query))
 
-    async def _handle(self, ws: _Socket, path: str, query: dict) -> None:
+    async def _handle(self, ws: SessionSocket, path: str, query: dict) -> None:
         limits = self.opts.limits
         if len(self._conns) + self.chat.active >= limits.max_sessions:
             self.metrics.rejected.labels("full").inc()
@@ -403,7 +361,7 @@ class VoiceServer:
             self._trim_handle.cancel()
         self._trim_handle = asyncio.get_running_loop().call_later(delay_s, trim)
 
-    async def _idle_watch(self, ws: _Socket, session: RealtimeSession) -> None:
+    async def _idle_watch(self, ws: SessionSocket, session: RealtimeSession) -> None:
         limit = self.opts.limits.idle_timeout_s
         while True:
             await asyncio.sleep(min(1.0, limit / 4))
@@ -411,7 +369,7 @@ class VoiceServer:
                 await self.say_goodbye(ws, session, 1000, f"idle for more than {limit:g} s")
                 return
 
-    async def say_goodbye(self, ws: _Socket, session: RealtimeSession, code: int, reason: str) -> None:
+    async def say_goodbye(self, ws: SessionSocket, session: RealtimeSession, code: int, reason: str) -> None:
         """Close a session from our side: its ``session.latency`` summary first."""
         if session.loop is not None and session.extensions:
             await ws.send(session.proto.session_latency(session.summary()).to_json())

@@ -18,6 +18,7 @@ from http import HTTPStatus
 
 import h11
 import uvicorn
+from starlette.websockets import WebSocket, WebSocketDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 MAX_HEAD_BYTES = 16 << 10  # request line and headers (431 past it)
@@ -181,3 +182,45 @@ class AsgiServer:
         await self._ticks
         self._ticks = None
         await self.server.shutdown(sockets=self.sockets)
+
+
+class SessionSocket:
+    """A session's websocket (Starlette's, over uvicorn's): sending, closing, the messages in, how it closed.  Sending
+    on a socket that has closed does nothing."""
+
+    def __init__(self, ws: WebSocket):
+        self.ws = ws
+        self.remote_address = (ws.client.host, ws.client.port) if ws.client else None
+        self.closed = False
+        self.close_code: int | None = None
+        self.close_reason = ""
+
+    async def send(self, frame: str | bytes) -> None:  # waits while the socket's write buffer is full
+        if self.closed:
+            return
+        try:
+            if isinstance(frame, bytes):
+                await self.ws.send_bytes(frame)
+            else:
+                await self.ws.send_text(frame)
+        except (WebSocketDisconnect, OSError, RuntimeError):
+            self.closed = True
+
+    async def close(self, code: int, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed, self.close_code, self.close_reason = True, code, reason
+        try:
+            await self.ws.close(code, reason)
+        except (WebSocketDisconnect, OSError, RuntimeError):
+            pass
+
+    async def messages(self):
+        while True:
+            msg = await self.ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                if self.close_code is None:
+                    self.close_code, self.close_reason = msg.get("code", 1005), msg.get("reason") or ""
+                self.closed = True
+                return
+            yield msg["text"] if msg.get("text") is not None else msg.get("bytes", b"")

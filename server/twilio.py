@@ -45,6 +45,8 @@ from xml.sax.saxutils import quoteattr
 
 from voice.g711 import MULAW_SILENCE
 
+from .asgi import SessionSocket
+
 log = logging.getLogger("wafervox.twilio")
 
 VOICE_PATH = "/v1/twilio/voice"
@@ -340,17 +342,14 @@ def _same(a: str | None, b: str) -> bool:
     return a is not None and hmac.compare_digest(a.encode(), b.encode())
 
 
-class _CallSocket:
-    """The call's websocket as the server's session adapter sees a Realtime client's (``server.app._Socket``): what it
+class _CallSocket(SessionSocket):
+    """The call's websocket as the server's session adapter sees a Realtime client's (``server.asgi.SessionSocket``, its base): what it
     sends is Realtime server events, turned into Twilio messages by the call's ``MediaStream``; what it reads is the
     call's messages, turned into Realtime client events."""
 
     def __init__(self, ws, stream: MediaStream, first: list[dict]):
-        self.ws, self.stream = ws, stream
-        self.remote_address = (ws.client.host, ws.client.port) if ws.client else None
-        self.closed = False
-        self.close_code: int | None = None
-        self.close_reason = ""
+        super().__init__(ws)
+        self.stream = stream
         self._to_session: asyncio.Queue = asyncio.Queue()
         for ev in first:
             self._to_session.put_nowait(ev)
@@ -366,26 +365,9 @@ class _CallSocket:
             log.info("%s: %s", self.stream.call_sid, ev.get("error", {}).get("message"))
         to_call, to_session = self.stream.from_session(ev)
         for msg in to_call:
-            await self._send(json.dumps(msg))
+            await super().send(json.dumps(msg))
         for msg in to_session:
             self._to_session.put_nowait(msg)
-
-    async def _send(self, text: str) -> None:
-        if self.closed:
-            return
-        try:
-            await self.ws.send_text(text)
-        except Exception:  # (the call hung up)
-            self.closed = True
-
-    async def close(self, code: int, reason: str) -> None:
-        if self.closed:
-            return
-        self.closed, self.close_code, self.close_reason = True, code, reason
-        try:
-            await self.ws.close(code, reason)
-        except Exception:
-            pass
 
     async def messages(self):
         reader = asyncio.create_task(self._read())
