@@ -8,27 +8,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from spans import OpenSpans
 
 from server import tracing as T
 from voice.replay import SAMPLES, conversation_files, manifest
 
 pytestmark = pytest.mark.engines
 
-
-class OpenSpans(SpanProcessor):
-    def __init__(self):
-        self.started = 0
-        self.open = {}
-
-    def on_start(self, span, parent_context=None):
-        self.started += 1
-        self.open[span.context.span_id] = span.name
-
-    def on_end(self, span):
-        self.open.pop(span.context.span_id, None)
 
 
 def expected_stages(report) -> dict[str, tuple[str, str]]:

@@ -9,9 +9,9 @@ import threading
 
 import pytest
 from kinds import NETWORK, kind
-from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from spans import OpenSpans
 
 from server.tracing import STAGE_NAMES, LLMInfo, Tracing, otlp_endpoint
 from voice import loop_events as L
@@ -22,18 +22,6 @@ SIM = {"deployment": "smollm2-135m@cs3x1", "llm_first_token_ms": 1.5, "first_phr
        "voice_to_voice_ms": 310.0, "within_budget": True, "overrun_ms": 0.0}
 EOT = {"rule": "confident", "silence_ms": 210.0, "p_end": 0.93, "source": "model"}
 
-
-class OpenSpans(SpanProcessor):
-    """Every span started and not yet ended."""
-
-    def __init__(self):
-        self.open = {}
-
-    def on_start(self, span, parent_context=None):
-        self.open[span.context.span_id] = span.name
-
-    def on_end(self, span):
-        self.open.pop(span.context.span_id, None)
 
 
 @pytest.fixture

@@ -13,25 +13,14 @@ import time
 import numpy as np
 import pytest
 import websockets
-from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from spans import OpenSpans
 
 from server import tracing as T
 from server.app import ServerOptions, VoiceServer
 from voice.audio import read_wav, resample
 from voice.replay import SAMPLES, manifest
-
-
-class OpenSpans(SpanProcessor):
-    def __init__(self):
-        self.open = {}
-
-    def on_start(self, span, parent_context=None):
-        self.open[span.context.span_id] = span.name
-
-    def on_end(self, span):
-        self.open.pop(span.context.span_id, None)
 
 
 @pytest.fixture
