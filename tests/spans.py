@@ -6,12 +6,14 @@ from opentelemetry.sdk.trace import SpanProcessor
 
 
 class OpenSpans(SpanProcessor):
-    """Every span started and not yet ended, by span id (its name as the value)."""
+    """Every span started and not yet ended, by span id (its name as the value); `started` counts them all."""
 
     def __init__(self):
         self.open = {}
+        self.started = 0
 
     def on_start(self, span, parent_context=None):
+        self.started += 1
         self.open[span.context.span_id] = span.name
 
     def on_end(self, span):
