@@ -19,18 +19,10 @@ import os
 import sys
 from pathlib import Path
 
+from _prompts import LIGHTHOUSE  # beside this script: its folder is on sys.path
+
 PARAGRAPH = (
-    "The history of the lighthouse is a story of engineering, commerce and human courage. "
-    "Long before electric lamps, coastal communities lit fires on hilltops to warn ships away from rocks "
-    "and to guide them into safe harbours. The Pharos of Alexandria, built in the third century BC, "
-    "stood for more than a thousand years and became one of the wonders of the ancient world. "
-    "In the eighteenth and nineteenth centuries, as trade across the oceans grew, governments built "
-    "towers along dangerous coasts and staffed them with keepers who trimmed wicks, polished lenses "
-    "and kept logs of passing vessels through long winter nights. The Fresnel lens, invented in 1822, "
-    "concentrated the light of a single flame into a beam that could be seen more than twenty miles "
-    "away, and it transformed the safety of navigation. Keepers and their families often lived in "
-    "isolation for months, rowing to the mainland for supplies when the weather allowed. Today most "
-    "lighthouses are automated, their beams controlled by sensors and timers, and satellite navigation "
+    LIGHTHOUSE + ", their beams controlled by sensors and timers, and satellite navigation "
     "has taken over much of their role. Yet many towers still shine every night, and restored keepers' "
     "cottages welcome visitors who want to understand how people once kept the sea lanes safe. "
     "Some have become museums, guest houses or research stations that count seabirds and measure the "
