@@ -35,6 +35,7 @@ import websockets
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _report import write_json  # noqa: E402  (beside this script: its folder is on sys.path)
 from _serve import start_server, stop_server  # noqa: E402  (beside this script: its folder is on sys.path)
 
 CASES = ("instructions", "utterance", "storm", "client-gone")
@@ -230,8 +231,7 @@ def main() -> None:
         out["client-gone"] = {"stopped_s": gone, "median_s": statistics.median(gone)}
         print(f"{'client-gone':>12}: stopped {statistics.median(gone):.2f} s after the client left (median of {len(gone)}; "
               f"max {max(gone):.2f})")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _report import write_json  # noqa: E402  (beside this script: its folder is on sys.path)
 from _serve import start_server, stop_server  # noqa: E402  (beside this script: its folder is on sys.path)
 
 
@@ -88,8 +88,7 @@ def main() -> None:
           "an answer cannot play before this machine has computed it)")
     print(f"slow paced / fast paced: {slow['client_v2v_p50_ms'] / fast['client_v2v_p50_ms']:.2f}x on the client's clock, "
           f"{slow['simulated_v2v_p50_ms'] / fast['simulated_v2v_p50_ms']:.2f}x simulated")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":
