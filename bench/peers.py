@@ -200,6 +200,11 @@ async def _pipecat_run(spec: dict) -> dict:  # noqa: C901  (one pipeline, its tr
         def output(self):
             return self._out
 
+    # what is under way: the frame that starts it, the frame that ends it, its flag in ``st``, the mark its end leaves
+    under_way = ((VADUserStartedSpeakingFrame, VADUserStoppedSpeakingFrame, "vad_speaking", "vad_stop"),
+                 (UserStartedSpeakingFrame, UserStoppedSpeakingFrame, "user_turn", "turn_end"),
+                 (LLMFullResponseStartFrame, LLMFullResponseEndFrame, "llm_active", None))
+
     class Marks(BaseObserver):
         """When each step of a turn happened (the first push of each frame), for the per-turn breakdown."""
 
@@ -207,33 +212,23 @@ async def _pipecat_run(spec: dict) -> dict:  # noqa: C901  (one pipeline, its tr
             if not getattr(data, "first_push", True):
                 return
             f, t = data.frame, now()
-            if isinstance(f, (VADUserStartedSpeakingFrame, VADUserStoppedSpeakingFrame, TranscriptionFrame,
-                              UserStartedSpeakingFrame, UserStoppedSpeakingFrame, LLMFullResponseStartFrame,
-                              LLMFullResponseEndFrame)):
+            for started, ended, flag, end_mark in under_way:
+                if isinstance(f, (started, ended)):
+                    st[flag], st["last_event"] = isinstance(f, started), t
+                    if end_mark and isinstance(f, ended):
+                        st["marks"][end_mark] = t
+            if isinstance(f, TranscriptionFrame):
                 st["last_event"] = t
-            if isinstance(f, VADUserStartedSpeakingFrame):
-                st["vad_speaking"] = True
-            elif isinstance(f, VADUserStoppedSpeakingFrame):
-                st["vad_speaking"] = False
-                st["marks"]["vad_stop"] = t
-            elif isinstance(f, TranscriptionFrame):
                 st["marks"]["transcript"] = t
                 st["transcripts"].append(f.text)
-            elif isinstance(f, UserStartedSpeakingFrame):
-                st["user_turn"] = True
-            elif isinstance(f, UserStoppedSpeakingFrame):
-                st["user_turn"] = False
-                st["marks"]["turn_end"] = t
             elif isinstance(f, LLMFullResponseStartFrame):
-                st["llm_active"], st["reply"] = True, ""
+                st["reply"] = ""
                 st["marks"]["llm_start"] = t
                 st["marks"].pop("llm_first_text", None)
                 st["marks"].pop("tts_first_audio", None)
             elif isinstance(f, LLMTextFrame):
                 st["marks"].setdefault("llm_first_text", t)
                 st["reply"] += f.text
-            elif isinstance(f, LLMFullResponseEndFrame):
-                st["llm_active"] = False
             elif isinstance(f, TTSAudioRawFrame):
                 st["marks"].setdefault("tts_first_audio", t)
                 if st["current"] is not None and st["current"]["first_at"] is None:
