@@ -71,10 +71,6 @@ class Q:
         return self.fact.startswith("off:")
 
 
-def off(topic: str, text: str) -> Q:
-    return Q(text, f"off:{topic}")
-
-
 @dataclass(frozen=True, slots=True)
 class PersonaSpec:
     name: str
@@ -87,47 +83,77 @@ class PersonaSpec:
     held_out: tuple[tuple[Q, ...], ...] = ()
 
 
+def script(expect: dict[str, str], text: str) -> tuple[tuple[Q, ...], ...]:
+    """Conversations written one question a line, ``KEY question``, a blank line between two conversations.  KEY is
+    ``off:TOPIC`` for an off-topic question, else a key of ``expect``, the regex the reply must match; the fact asked
+    for is KEY up to a dot (``hours.close``: the fact ``hours``, the reply saying when the place closes)."""
+    def q(key: str, question: str) -> Q:
+        return Q(question, key) if key.startswith("off:") else Q(question, key.split(".")[0], expect[key])
+
+    return tuple(tuple(q(*line.split(None, 1)) for line in block.splitlines())
+                 for block in re.split(r"\n\s*\n", text.strip()))
+
+
+def persona_spec(name: str, title: str, facts: dict, instructions: str | None, conversations: str, held_out: str,
+                 expect: dict[str, str]) -> PersonaSpec:
+    """A persona and its questions: its conversations and the held-out ones, written as ``script`` reads them, with
+    ``expect``, the regex a reply must match for each KEY."""
+    return PersonaSpec(name, title, facts, instructions, script(expect, conversations), script(expect, held_out))
+
+
+CLOSED = r"\bclosed\b|not open|\bno\b"  # the reply to "are you open on <the day it is closed>?"
+
 # -- Bright Bakery: the default persona (voice/llm.py) ------------------------------------------------
 
-_B_OPEN, _B_CLOSE, _B_DAYS = r"\b7\b|seven", r"\b6\b|six", r"tuesday"
-_B_MON, _B_ADDR, _B_OWNER = r"\bclosed\b|not open|\bno\b", r"harbou?r", r"maria"
-_B_CROIS, _B_SOUR, _B_DELIV = r"\b2\b|two", r"\b5\b|five", r"\b30\b|thirty"
+BAKERY = persona_spec("bakery", "Bright Bakery", {}, None, """
+    address         Where are you located?
+    owner           Who is the owner?
+    hours.open      What time do you open?
+    croissant       How much is a croissant?
+    sourdough       And a sourdough loaf?
 
-BAKERY = PersonaSpec("bakery", "Bright Bakery", facts={}, instructions=None, conversations=(
-    (Q("Where are you located?", "address", _B_ADDR),
-     Q("Who is the owner?", "owner", _B_OWNER),
-     Q("What time do you open?", "hours", _B_OPEN),
-     Q("How much is a croissant?", "croissant", _B_CROIS),
-     Q("And a sourdough loaf?", "sourdough", _B_SOUR)),
-    (Q("What's your address?", "address", _B_ADDR),
-     Q("Who runs the bakery?", "owner", _B_OWNER),
-     Q("When do you close in the evening?", "hours", _B_CLOSE),
-     Q("Are you open on Mondays?", "mondays", _B_MON),
-     Q("Do you do deliveries?", "delivery", _B_DELIV),
-     Q("Is it free?", "delivery", _B_DELIV),
-     Q("What does the sourdough cost?", "sourdough", _B_SOUR)),
-    (off("weather", "What's the weather like today?"),
-     off("joke", "Can you tell me a joke?"),
-     Q("OK. What time do you open tomorrow morning?", "hours", _B_OPEN),
-     off("capital", "What is the capital of France?"),
-     Q("Which days of the week are you open?", "hours", _B_DAYS)),
-    (Q("Hi, what time do you open tomorrow morning?", "hours", _B_OPEN),
-     Q("Where exactly is the bakery?", "address", _B_ADDR),
-     Q("How much for one croissant?", "croissant", _B_CROIS),
-     Q("Who owns Bright Bakery?", "owner", _B_OWNER),
-     off("football", "Who won the football game last night?"),
-     Q("Is delivery free?", "delivery", _B_DELIV)),
-), held_out=(
-    (Q("How late are you open?", "hours", _B_CLOSE),
-     Q("Can I come by on a Monday?", "mondays", _B_MON),
-     Q("What's the price of a croissant?", "croissant", _B_CROIS),
-     Q("How much do you charge for a loaf of sourdough?", "sourdough", _B_SOUR)),
-    (Q("Where's the shop?", "address", _B_ADDR),
-     Q("Who's the boss there?", "owner", _B_OWNER),
-     off("weather", "Tell me about the weather tomorrow."),
-     Q("Can you deliver a cake to my house?", "delivery", _B_DELIV),
-     off("arithmetic", "What's two plus two?")),
-))
+    address         What's your address?
+    owner           Who runs the bakery?
+    hours.close     When do you close in the evening?
+    mondays         Are you open on Mondays?
+    delivery        Do you do deliveries?
+    delivery        Is it free?
+    sourdough       What does the sourdough cost?
+
+    off:weather     What's the weather like today?
+    off:joke        Can you tell me a joke?
+    hours.open      OK. What time do you open tomorrow morning?
+    off:capital     What is the capital of France?
+    hours.days      Which days of the week are you open?
+
+    hours.open      Hi, what time do you open tomorrow morning?
+    address         Where exactly is the bakery?
+    croissant       How much for one croissant?
+    owner           Who owns Bright Bakery?
+    off:football    Who won the football game last night?
+    delivery        Is delivery free?
+""", held_out="""
+    hours.close     How late are you open?
+    mondays         Can I come by on a Monday?
+    croissant       What's the price of a croissant?
+    sourdough       How much do you charge for a loaf of sourdough?
+
+    address         Where's the shop?
+    owner           Who's the boss there?
+    off:weather     Tell me about the weather tomorrow.
+    delivery        Can you deliver a cake to my house?
+    off:arithmetic  What's two plus two?
+""", expect={
+    "hours.open": r"\b7\b|seven",
+    "hours.close": r"\b6\b|six",
+    "hours.days": r"tuesday",
+    "mondays": CLOSED,
+    "address": r"harbou?r",
+    "owner": r"maria",
+    "croissant": r"\b2\b|two",
+    "sourdough": r"\b5\b|five",
+    "delivery": r"\b30\b|thirty",
+})
 
 # -- a dentist's office: "key: value" instructions -----------------------------------------------------
 
@@ -143,34 +169,43 @@ DENTIST_FACTS = {
 }
 DENTIST_INSTRUCTIONS = ("You are the receptionist of Clearview Dental. Be brief and friendly.\n"
                         + "\n".join(f"{k}: {v}." for k, v in DENTIST_FACTS.items()))
-_D_OPEN, _D_CLOSE, _D_WEEKEND = r"\b8\b|eight", r"\b5\b|five", r"\bclosed\b|not open|\bno\b"
-_D_ADDR, _D_DOC, _D_CLEAN, _D_WHITE = r"\belm\b", r"patel", r"\b90\b|ninety", r"\b250\b"
-_D_NEW, _D_PARK = r"free|welcome", r"free|behind"
 
-DENTIST = PersonaSpec("dentist", "Clearview Dental", facts=DENTIST_FACTS, instructions=DENTIST_INSTRUCTIONS, conversations=(
-    (Q("Where is your office?", "address", _D_ADDR),
-     Q("Who is the dentist?", "dentist", _D_DOC),
-     Q("How much is a cleaning?", "cleaning", _D_CLEAN),
-     Q("And teeth whitening?", "whitening", _D_WHITE)),
-    (Q("What time do you open?", "hours", _D_OPEN),
-     Q("Are you open on Saturday?", "weekends", _D_WEEKEND),
-     Q("Can I park there?", "parking", _D_PARK),
-     Q("Do you take new patients?", "new", _D_NEW),
-     Q("What's the address?", "address", _D_ADDR)),
-    (off("movie", "Can you recommend a good movie?"),
-     Q("When do you close?", "hours", _D_CLOSE),
-     off("president", "Who is the president of the United States?"),
-     Q("What does whitening cost?", "whitening", _D_WHITE),
-     Q("Can I do it on a Saturday?", "weekends", _D_WEEKEND),
-     Q("What's the dentist's name?", "dentist", _D_DOC)),
-), held_out=(
-    (Q("What are your opening hours?", "hours", _D_OPEN),
-     Q("Is there somewhere to park?", "parking", _D_PARK),
-     Q("How much does a teeth cleaning cost?", "cleaning", _D_CLEAN),
-     Q("Can I come in on Sunday?", "weekends", _D_WEEKEND),
-     off("cat", "What's a good name for a cat?"),
-     Q("Who will I see there?", "dentist", _D_DOC)),
-))
+DENTIST = persona_spec("dentist", "Clearview Dental", DENTIST_FACTS, DENTIST_INSTRUCTIONS, """
+    address         Where is your office?
+    dentist         Who is the dentist?
+    cleaning        How much is a cleaning?
+    whitening       And teeth whitening?
+
+    hours.open      What time do you open?
+    weekends        Are you open on Saturday?
+    parking         Can I park there?
+    new             Do you take new patients?
+    address         What's the address?
+
+    off:movie       Can you recommend a good movie?
+    hours.close     When do you close?
+    off:president   Who is the president of the United States?
+    whitening       What does whitening cost?
+    weekends        Can I do it on a Saturday?
+    dentist         What's the dentist's name?
+""", held_out="""
+    hours.open      What are your opening hours?
+    parking         Is there somewhere to park?
+    cleaning        How much does a teeth cleaning cost?
+    weekends        Can I come in on Sunday?
+    off:cat         What's a good name for a cat?
+    dentist         Who will I see there?
+""", expect={
+    "hours.open": r"\b8\b|eight",
+    "hours.close": r"\b5\b|five",
+    "weekends": CLOSED,
+    "address": r"\belm\b",
+    "dentist": r"patel",
+    "cleaning": r"\b90\b|ninety",
+    "whitening": r"\b250\b",
+    "new": r"free|welcome",
+    "parking": r"free|behind",
+})
 
 # -- a bike repair shop: instructions in sentences -----------------------------------------------------
 
@@ -189,34 +224,43 @@ BIKES_INSTRUCTIONS = (
     "and closed on Sundays. The shop is at 5 Mill Road. The owner is Tom. Fixing a flat tire costs 15 dollars and a "
     "full tune-up costs 60 dollars. Bike rental is 20 dollars a day. Most repairs are done the same day."
 )
-_K_OPEN, _K_CLOSE, _K_SUN = r"\b10\b|ten", r"\b7\b|seven", r"\bclosed\b|not open|\bno\b"
-_K_ADDR, _K_OWNER, _K_FLAT = r"\bmill\b", r"\btom\b", r"\b15\b|fifteen"
-_K_TUNE, _K_RENT, _K_TIME = r"\b60\b|sixty", r"\b20\b|twenty", r"same day|today"
 
-BIKES = PersonaSpec("bikes", "Rapid Wheels", facts=BIKES_FACTS, instructions=BIKES_INSTRUCTIONS, conversations=(
-    (Q("Where is the shop?", "address", _K_ADDR),
-     Q("Who is the owner?", "owner", _K_OWNER),
-     Q("How much to fix a flat tire?", "flat", _K_FLAT),
-     Q("And a tune-up?", "tuneup", _K_TUNE),
-     Q("How long does that take?", "time", _K_TIME)),
-    (Q("What time do you open?", "hours", _K_OPEN),
-     Q("Are you open on Sunday?", "sundays", _K_SUN),
-     Q("Can I rent a bike?", "rental", _K_RENT),
-     Q("How long does a repair take?", "time", _K_TIME),
-     Q("Who runs the shop?", "owner", _K_OWNER)),
-    (off("recipe", "Do you know a good pasta recipe?"),
-     Q("What's your address?", "address", _K_ADDR),
-     off("song", "Can you sing me a song?"),
-     Q("When do you close?", "hours", _K_CLOSE),
-     Q("What does a full tune-up cost?", "tuneup", _K_TUNE)),
-), held_out=(
-    (Q("Where are you?", "address", _K_ADDR),
-     Q("How much is a bike rental for a day?", "rental", _K_RENT),
-     Q("Is the shop open on Sunday?", "sundays", _K_SUN),
-     Q("Who's in charge of the shop?", "owner", _K_OWNER),
-     Q("When can I pick up my bike after a repair?", "time", _K_TIME),
-     off("football", "What's the best football team?")),
-))
+BIKES = persona_spec("bikes", "Rapid Wheels", BIKES_FACTS, BIKES_INSTRUCTIONS, """
+    address         Where is the shop?
+    owner           Who is the owner?
+    flat            How much to fix a flat tire?
+    tuneup          And a tune-up?
+    time            How long does that take?
+
+    hours.open      What time do you open?
+    sundays         Are you open on Sunday?
+    rental          Can I rent a bike?
+    time            How long does a repair take?
+    owner           Who runs the shop?
+
+    off:recipe      Do you know a good pasta recipe?
+    address         What's your address?
+    off:song        Can you sing me a song?
+    hours.close     When do you close?
+    tuneup          What does a full tune-up cost?
+""", held_out="""
+    address         Where are you?
+    rental          How much is a bike rental for a day?
+    sundays         Is the shop open on Sunday?
+    owner           Who's in charge of the shop?
+    time            When can I pick up my bike after a repair?
+    off:football    What's the best football team?
+""", expect={
+    "hours.open": r"\b10\b|ten",
+    "hours.close": r"\b7\b|seven",
+    "sundays": CLOSED,
+    "address": r"\bmill\b",
+    "owner": r"\btom\b",
+    "flat": r"\b15\b|fifteen",
+    "tuneup": r"\b60\b|sixty",
+    "rental": r"\b20\b|twenty",
+    "time": r"same day|today",
+})
 
 SPECS = {s.name: s for s in (BAKERY, DENTIST, BIKES)}
 
