@@ -293,17 +293,22 @@ def band(names: list[str]) -> dict:
     return out
 
 
+def edit_distance(a: list, b: list) -> int:
+    """Levenshtein distance: the fewest insertions, deletions and substitutions that turn ``a`` into ``b``."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
 def wer(reference: str, hypothesis: str) -> float:
-    """Word error rate: word edits (Levenshtein) over the reference's words, case and punctuation aside."""
+    """Word error rate: word edits over the reference's words, case and punctuation aside."""
     import re
 
     ref, hyp = (re.sub(r"[^a-z0-9' ]", " ", t.lower()).split() for t in (reference, hypothesis))
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1] / max(1, len(ref))
+    return edit_distance(ref, hyp) / max(1, len(ref))
 
 
 def q(values: list[float], p: float) -> float:
