@@ -70,39 +70,39 @@ class Turn:
 # the French way and whisper tiny.en hears "quasa"; the respelling "crow-sont" is transcribed as "croissant".
 SAY = {"croissant": "crow-sont"}
 
-CONVERSATIONS: dict[str, list[Turn]] = {
+
+def turns(conversation: str, rows: list[tuple]) -> list[Turn]:
+    """A conversation's turns from rows of: the file's name after "<conversation>_<number>_", text, keywords, engine,
+    speed, rate, lead_s, trail_s, peak, and the other Turn fields that differ from their defaults."""
+    return [Turn(f"{conversation}_{i:02d}_{name}.wav", text, keywords, engine, speed, rate=rate, lead_s=lead_s, trail_s=trail_s,
+                 peak=peak, **more)
+            for i, (name, text, keywords, engine, speed, rate, lead_s, trail_s, peak, more) in enumerate(rows, 1)]
+
+
+CONVERSATIONS: dict[str, list[Turn]] = {name: turns(name, rows) for name, rows in {
     # The first conversation is "default": the one `wafervox run` plays with no argument.
     "morning": [
-        Turn("morning_01_open_tomorrow.wav", "Hi, what time do you open tomorrow morning?", ("7",), "piper", 1.0,
-             rate=16000, lead_s=0.6, trail_s=1.0, peak=0.7),
-        Turn("morning_02_located.wav", "Where are you located?", ("harbor",), "piper", 0.9,
-             rate=16000, lead_s=0.4, trail_s=0.9, peak=0.5),
-        Turn("morning_03_croissant_cost.wav", "How much does a croissant cost?", ("2 dollars",), "piper", 1.15,
-             rate=22050, lead_s=0.8, trail_s=1.2, peak=0.8),
-        Turn("morning_04_owner.wav", "Who is the owner?", ("maria",), "espeak", 150, espeak_voice="en-us",
-             rate=16000, lead_s=0.5, trail_s=1.0, peak=0.6),
+        ("open_tomorrow", "Hi, what time do you open tomorrow morning?", ("7",), "piper", 1.0, 16000, 0.6, 1.0, 0.7, {}),
+        ("located", "Where are you located?", ("harbor",), "piper", 0.9, 16000, 0.4, 0.9, 0.5, {}),
+        ("croissant_cost", "How much does a croissant cost?", ("2 dollars",), "piper", 1.15, 22050, 0.8, 1.2, 0.8, {}),
+        ("owner", "Who is the owner?", ("maria",), "espeak", 150, 16000, 0.5, 1.0, 0.6, {"espeak_voice": "en-us"}),
     ],
     "visit": [
-        Turn("visit_01_address.wav", "What is your address?", ("harbor",), "piper", 1.0,
-             rate=8000, lead_s=0.7, trail_s=1.1, peak=0.6),
-        Turn("visit_02_croissant_price.wav", "How much is a croissant?", ("2 dollars",), "piper", 0.9,
-             rate=16000, lead_s=0.3, trail_s=0.8, peak=0.45),
-        Turn("visit_03_bakery_open.wav", "What time does the bakery open?", ("7",), "piper", 1.15,
-             rate=44100, channels=2, lead_s=0.4, trail_s=0.8, peak=0.7),
-        Turn("visit_04_owns_bakery.wav", "Who owns the bakery?", ("maria",), "espeak", 130, espeak_voice="en-gb",
-             rate=22050, lead_s=1.0, trail_s=1.3, peak=0.65),
+        ("address", "What is your address?", ("harbor",), "piper", 1.0, 8000, 0.7, 1.1, 0.6, {}),
+        ("croissant_price", "How much is a croissant?", ("2 dollars",), "piper", 0.9, 16000, 0.3, 0.8, 0.45, {}),
+        ("bakery_open", "What time does the bakery open?", ("7",), "piper", 1.15, 44100, 0.4, 0.8, 0.7, {"channels": 2}),
+        ("owns_bakery", "Who owns the bakery?", ("maria",), "espeak", 130, 22050, 1.0, 1.3, 0.65, {"espeak_voice": "en-gb"}),
     ],
     "noisy": [
-        Turn("noisy_01_delivery_white.wav", "Is delivery free?", ("30",), "piper", 1.0,
-             rate=8000, lead_s=0.8, trail_s=1.0, peak=0.6, noise="white", snr_db=28.0, seed=101),
-        Turn("noisy_02_find_bakery_pink.wav", "Where can I find your bakery?", ("harbor",), "espeak", 130,
-             espeak_voice="en-us+f3", rate=16000, lead_s=0.6, trail_s=1.2, peak=0.6, noise="pink", snr_db=27.0, seed=102),
-        Turn("noisy_03_open_clicks.wav", "What time do you open?", ("7",), "piper", 0.9,
-             rate=16000, lead_s=1.5, trail_s=1.0, peak=0.7, noise="clicks", seed=103),
-        Turn("noisy_04_owner_bright_pink.wav", "Who is the owner of Bright Bakery?", ("maria",), "piper", 1.15,
-             rate=44100, lead_s=0.5, trail_s=0.7, peak=0.7, noise="pink", snr_db=30.0, seed=104),
+        ("delivery_white", "Is delivery free?", ("30",), "piper", 1.0, 8000, 0.8, 1.0, 0.6,
+         {"noise": "white", "snr_db": 28.0, "seed": 101}),
+        ("find_bakery_pink", "Where can I find your bakery?", ("harbor",), "espeak", 130, 16000, 0.6, 1.2, 0.6,
+         {"espeak_voice": "en-us+f3", "noise": "pink", "snr_db": 27.0, "seed": 102}),
+        ("open_clicks", "What time do you open?", ("7",), "piper", 0.9, 16000, 1.5, 1.0, 0.7, {"noise": "clicks", "seed": 103}),
+        ("owner_bright_pink", "Who is the owner of Bright Bakery?", ("maria",), "piper", 1.15, 44100, 0.5, 0.7, 0.7,
+         {"noise": "pink", "snr_db": 30.0, "seed": 104}),
     ],
-}
+}.items()}
 
 # Two questions in one recording; the second starts while the agent would still be answering the first.
 BARGE_IN = {
