@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -33,6 +34,20 @@ def _hold(compute: ComputeThread) -> tuple[threading.Event, threading.Thread]:
     busy.start()
     assert running.wait(30), "the holding job never ran"
     return hold, busy
+
+
+def _queued_together(compute: ComputeThread, jobs) -> None:
+    """Runs each of ``jobs`` on a thread of its own while the compute thread is held, lets it go once all of them
+    wait in its queue (so that it takes them together), and waits for them to finish."""
+    hold, busy = _hold(compute)
+    threads = [threading.Thread(target=job) for job in jobs]
+    for t in threads:
+        t.start()
+    _until(lambda: _queued(compute) == len(jobs), f"all {len(jobs)} steps queued behind the held job")
+    hold.set()
+    busy.join(10)
+    for t in threads:
+        t.join(60)
 
 
 def _prompts(generator):
@@ -75,22 +90,14 @@ def test_steps_waiting_together_run_as_one_batch(model, generator):
             ref = model.new_state()
             model.forward(ref, p, 0)
             logits_ref.append(model.forward(ref, [42], len(p)).copy())
-        hold, busy = _hold(compute)  # the compute thread is busy meanwhile
         out = [None] * len(states)
 
         def step(i):
             s, pos = states[i]
             out[i] = bm.forward(s, [42], pos).copy()
 
-        threads = [threading.Thread(target=step, args=(i,)) for i in range(len(states))]
-        for t in threads:
-            t.start()
-        _until(lambda: _queued(compute) == 4, "all four steps queued behind the held job")
-        hold.set()
-        busy.join(10)
-        for t in threads:
-            t.join(60)
-        assert compute.batches.get(4) == 1, compute.batches
+        _queued_together(compute, [functools.partial(step, i) for i in range(len(states))])
+        assert len(states) == 4 and compute.batches.get(4) == 1, compute.batches
         for a, b in zip(out, logits_ref):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
             assert int(np.argmax(a)) == int(np.argmax(b))
@@ -109,7 +116,6 @@ def test_a_bad_step_fails_alone(model):
             bm.forward(bad, [10**9], 0)
         assert compute.call(lambda x: x + 1, 1) == 2
         # a bad step inside a batch: the batch falls back to one by one, and only the bad one fails
-        hold, busy = _hold(compute)
         results = {}
 
         def step(name, s, tok, pos):
@@ -118,15 +124,7 @@ def test_a_bad_step_fails_alone(model):
             except ValueError as e:
                 results[name] = e
 
-        threads = [threading.Thread(target=step, args=("good", good, 5, 4)),
-                   threading.Thread(target=step, args=("bad", bad, 10**9, 0))]
-        for t in threads:
-            t.start()
-        _until(lambda: _queued(compute) == 2, "both steps queued behind the held job")
-        hold.set()
-        busy.join(10)
-        for t in threads:
-            t.join(60)
+        _queued_together(compute, [functools.partial(step, "good", good, 5, 4), functools.partial(step, "bad", bad, 10**9, 0)])
         assert compute.batches.get(2) == 1, compute.batches
         assert isinstance(results["bad"], ValueError) and np.isfinite(results["good"]).all()
     finally:
