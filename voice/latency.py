@@ -68,10 +68,38 @@ class TurnTrace:
                           simulated=simulated, end_of_turn=self.end_of_turn, forecast_ms=self.forecast_ms)
 
 
+#: Each figure of ``TurnReport.latency_ms`` (``STAGES`` and ``TEXT_STAGES``) -> the two marks it runs between.
+LATENCY_SPANS = {
+    "endpoint_ms": ("last_voiced", "endpoint"),
+    "asr_ms": ("endpoint", "transcript"),
+    "llm_first_token_ms": ("transcript", "first_token"),
+    "first_phrase_ms": ("transcript", "first_phrase"),
+    "tts_first_audio_ms": ("first_phrase", "tts_first_audio"),
+    "hold_ms": ("tts_first_audio", "answer_audio"),
+    "voice_to_voice_ms": ("last_voiced", "answer_audio"),
+    "first_audio_ms": ("last_voiced", "first_audio"),
+    "voice_to_text_ms": ("last_voiced", "answer_text"),
+}
+#: Each figure of ``TurnReport.work_ms`` (``WORK``) -> the two marks it runs between.
+WORK_SPANS = {
+    "asr_run_ms": ("asr_start", "transcript"),
+    "turn_end_score_ms": ("transcript", "turn_end_score"),
+    "critical_path_ms": ("asr_start", "tts_first_audio"),
+}
+
+
 def _span(stamps, a, b):
     if a in stamps and b in stamps:
         return (stamps[b] - stamps[a]) * 1000
     return None
+
+
+def _spans(stamps, table: dict[str, tuple[str, str]]) -> dict[str, float | None]:
+    return {name: _span(stamps, a, b) for name, (a, b) in table.items()}
+
+
+def _rounded(figures: dict[str, float | None]) -> dict[str, float | None]:
+    return {k: (None if v is None else round(v, 1)) for k, v in figures.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,27 +125,11 @@ class TurnReport:
 
     @property
     def work_ms(self) -> dict[str, float | None]:
-        s = self.stamps
-        return {
-            "asr_run_ms": _span(s, "asr_start", "transcript"),
-            "turn_end_score_ms": _span(s, "transcript", "turn_end_score"),
-            "critical_path_ms": _span(s, "asr_start", "tts_first_audio"),
-        }
+        return _spans(self.stamps, WORK_SPANS)
 
     @property
     def latency_ms(self) -> dict[str, float | None]:
-        s = self.stamps
-        return {
-            "endpoint_ms": _span(s, "last_voiced", "endpoint"),
-            "asr_ms": _span(s, "endpoint", "transcript"),
-            "llm_first_token_ms": _span(s, "transcript", "first_token"),
-            "first_phrase_ms": _span(s, "transcript", "first_phrase"),
-            "tts_first_audio_ms": _span(s, "first_phrase", "tts_first_audio"),
-            "hold_ms": _span(s, "tts_first_audio", "answer_audio"),
-            "voice_to_voice_ms": _span(s, "last_voiced", "answer_audio"),
-            "first_audio_ms": _span(s, "last_voiced", "first_audio"),
-            "voice_to_text_ms": _span(s, "last_voiced", "answer_text"),
-        }
+        return _spans(self.stamps, LATENCY_SPANS)
 
     @property
     def voice_to_voice_ms(self) -> float | None:
@@ -127,7 +139,7 @@ class TurnReport:
     def answer_ms(self) -> float | None:
         """The figure held against the budget: voice-to-voice, or for a text-only answer voice-to-text."""
         v = self.voice_to_voice_ms
-        return _span(self.stamps, "last_voiced", "answer_text") if v is None else v
+        return _span(self.stamps, *LATENCY_SPANS["voice_to_text_ms"]) if v is None else v
 
     @property
     def within_budget(self) -> bool:
@@ -144,13 +156,12 @@ class TurnReport:
         return ",".join(self.mitigations) if self.mitigations else "none"
 
     def to_dict(self) -> dict:
-        lat = {k: (None if v is None else round(v, 1)) for k, v in self.latency_ms.items()}
         return {
             "turn": self.turn,
             "transcript": self.transcript,
             "reply": self.reply,
-            "latency_ms": lat,
-            "work_ms": {k: (None if v is None else round(v, 1)) for k, v in self.work_ms.items()},
+            "latency_ms": _rounded(self.latency_ms),
+            "work_ms": _rounded(self.work_ms),
             "end_of_turn": self.end_of_turn,
             "budget_ms": self.budget_ms,
             "within_budget": self.within_budget,
