@@ -184,6 +184,11 @@ class AsgiServer:
         await self.server.shutdown(sockets=self.sockets)
 
 
+def payload(msg: dict) -> str | bytes:
+    """A ``websocket.receive`` message's text, or else its bytes."""
+    return msg["text"] if msg.get("text") is not None else msg.get("bytes", b"")
+
+
 class SessionSocket:
     """A session's websocket (Starlette's, over uvicorn's): sending, closing, the messages in, how it closed.  Sending
     on a socket that has closed does nothing."""
@@ -215,12 +220,16 @@ class SessionSocket:
         except (WebSocketDisconnect, OSError, RuntimeError):
             pass
 
+    async def receive(self) -> str | bytes | None:
+        """The next message in, or None once the peer has gone (its close code and reason kept, unless we closed first)."""
+        msg = await self.ws.receive()
+        if msg["type"] == "websocket.disconnect":
+            if self.close_code is None:
+                self.close_code, self.close_reason = msg.get("code", 1005), msg.get("reason") or ""
+            self.closed = True
+            return None
+        return payload(msg)
+
     async def messages(self):
-        while True:
-            msg = await self.ws.receive()
-            if msg["type"] == "websocket.disconnect":
-                if self.close_code is None:
-                    self.close_code, self.close_reason = msg.get("code", 1005), msg.get("reason") or ""
-                self.closed = True
-                return
-            yield msg["text"] if msg.get("text") is not None else msg.get("bytes", b"")
+        while (msg := await self.receive()) is not None:
+            yield msg

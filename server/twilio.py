@@ -45,7 +45,7 @@ from xml.sax.saxutils import quoteattr
 
 from voice.g711 import MULAW_SILENCE
 
-from .asgi import SessionSocket
+from .asgi import SessionSocket, payload
 
 log = logging.getLogger("wafervox.twilio")
 
@@ -383,14 +383,11 @@ class _CallSocket(SessionSocket):
     async def _read(self) -> None:
         try:
             while True:
-                msg = await self.ws.receive()
-                if msg["type"] == "websocket.disconnect":
-                    if self.close_code is None:
-                        self.close_code, self.close_reason = msg.get("code", 1005), msg.get("reason") or ""
-                    self.closed = True
+                msg = await self.receive()
+                if msg is None:
                     return
                 try:
-                    evs = self.stream.from_call(msg["text"] if msg.get("text") is not None else msg.get("bytes", b""))
+                    evs = self.stream.from_call(msg)
                 except StreamError as e:
                     log.info("%s: %s", self.stream.call_sid, e)
                     await self.close(e.code, str(e)[:120])
@@ -455,7 +452,7 @@ class TwilioCalls:
                     msg = await websocket.receive()
                     if msg["type"] == "websocket.disconnect":
                         return
-                    first += stream.from_call(msg["text"] if msg.get("text") is not None else msg.get("bytes", b""))
+                    first += stream.from_call(payload(msg))
                     if stream.started:
                         break
         except (TimeoutError, StreamError, WebSocketDisconnect) as e:
