@@ -10,23 +10,13 @@ import json
 
 import numpy as np
 import pydantic
-import pytest
 import websockets
 from openai.types import realtime as rt
 from test_protocol import _extras
-from test_server import TOKEN, _Running, b64, pcm_at, run, turn_file, turn_info
-
-from server.app import ServerOptions
+from test_server import TOKEN, b64, pcm_at, run, turn_file, turn_info
 
 STRICT = pydantic.TypeAdapter(rt.RealtimeServerEvent)
 EXTENSIONS = {"turn.latency", "session.latency"}
-
-
-@pytest.fixture(scope="module")
-def server(shared):
-    s = _Running(shared, ServerOptions(port=0, token=TOKEN))
-    yield s
-    s.close()
 
 
 class StrictClient:

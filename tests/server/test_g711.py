@@ -139,17 +139,6 @@ def test_g711_rates_and_switching_back():
 # --------------------------------------------------------------------------- a whole Realtime session in audio/pcmu
 
 
-@pytest.fixture(scope="module")
-def server(shared):
-    from test_server import TOKEN, _Running
-
-    from server.app import ServerOptions
-
-    s = _Running(shared, ServerOptions(port=0, token=TOKEN))
-    yield s
-    s.close()
-
-
 def test_a_session_in_pcmu_passes_the_strict_conformance_client(server):
     """A spoken turn and a typed one in audio/pcmu both ways: every server event validates against the openai SDK's
     union with no field outside it, the session echoes the format, and the answer comes as mu-law at 8 kHz."""

@@ -10,7 +10,6 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,8 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import websockets
+from running_server import TOKEN
+from running_server import Running as _Running  # the name the other server test modules import from here
 
-from server.app import ServerOptions, VoiceServer
+from server.app import ServerOptions
 from server.client import ClientOptions, run_client
 from server.session import Limits
 from voice.audio import read_wav, resample
@@ -27,38 +28,6 @@ from voice.replay import manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
-TOKEN = "test-token-123"
-
-
-class _Running:
-    """A VoiceServer on its own event loop thread."""
-
-    def __init__(self, shared, opts: ServerOptions):
-        self.loop = asyncio.new_event_loop()
-        self.server = VoiceServer(shared, opts)
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.call(self.server.start())
-        self.port = self.server.port
-
-    def call(self, coro, timeout=30):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self):
-        self.call(self.server.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-    def url(self, path="/v1/realtime?extensions=1"):
-        """Our own test clients ask for the extension events (turn.latency), as our client and page do."""
-        return f"ws://127.0.0.1:{self.port}{path}"
-
-
-@pytest.fixture(scope="module")
-def server(shared):
-    s = _Running(shared, ServerOptions(port=0, token=TOKEN))
-    yield s
-    s.close()
 
 
 def pcm_at(path, rate=24000) -> np.ndarray:

@@ -12,18 +12,9 @@ import numpy as np
 import pytest
 import websockets
 from test_conformance import STRICT, _extras
-from test_server import TOKEN, _Running, b64, pcm_at, run, turn_file, turn_info
-
-from server.app import ServerOptions
+from test_server import TOKEN, b64, pcm_at, run, turn_file, turn_info
 
 EXTENSIONS = {"turn.latency", "session.latency"}
-
-
-@pytest.fixture(scope="module")
-def server(shared):
-    s = _Running(shared, ServerOptions(port=0, token=TOKEN))
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -6,48 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+from running_server import TOKEN, Running
 
-from server.app import ServerOptions, VoiceServer
+from server.app import ServerOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from webrtc import post_offer, turn_pcm, webrtc_turn  # noqa: E402  (the client side, shared with bench/webrtc.py)
 
-TOKEN = "test-token-rtc"
-
-
-class _Running:
-    """A VoiceServer on its own event loop thread."""
-
-    def __init__(self, shared, opts: ServerOptions):
-        self.loop = asyncio.new_event_loop()
-        self.server = VoiceServer(shared, opts)
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.call(self.server.start())
-        self.port = self.server.port
-        self.base = f"http://127.0.0.1:{self.port}"
-
-    def call(self, coro, timeout=30):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self):
-        self.call(self.server.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-@pytest.fixture(scope="module")
-def server(shared):
-    s = _Running(shared, ServerOptions(port=0, token=TOKEN))
-    yield s
-    s.close()
+CALLS = "/v1/realtime/calls"
+#: a well-formed offer with a data channel and no audio section
+NO_AUDIO_OFFER = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def test_webrtc_call_holds_a_spoken_turn(server):
@@ -87,48 +64,30 @@ def test_webrtc_call_holds_a_spoken_turn(server):
     assert not server.server._conns
 
 
-@pytest.mark.parametrize("case", ["no_token", "wrong_type", "no_audio", "garbage", "get", "origin"])
-def test_webrtc_handshake_refusals(server, case):
-    import urllib.request
+def _status(url: str, method: str = "POST", data: bytes | None = None, headers: dict | None = None) -> tuple[int, str]:
+    """The status and body of a request the server should refuse (200 and no body where it answers it)."""
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        urllib.request.urlopen(req, timeout=10)
+        return 200, ""
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
 
-    offer = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n"
-    if case == "get":
-        req = urllib.request.Request(f"{server.base}/v1/realtime/calls", method="GET")
-        try:
-            urllib.request.urlopen(req, timeout=10)
-            status = 200
-        except urllib.error.HTTPError as e:
-            status = e.code
-        assert status == 405
-        return
-    if case == "no_token":
-        status, body, _ = post_offer(f"{server.base}/v1/realtime/calls", offer, None)
-        assert status == 401 and "invalid_api_key" in body, (status, body)
-    elif case == "wrong_type":
-        req = urllib.request.Request(f"{server.base}/v1/realtime/calls", data=b"{}", method="POST",
-                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
-        try:
-            urllib.request.urlopen(req, timeout=10)
-            status, body = 200, ""
-        except urllib.error.HTTPError as e:
-            status, body = e.code, e.read().decode()
-        assert status == 415 and "application/sdp" in body, (status, body)
-    elif case == "origin":  # a page of another site may not place calls here
-        req = urllib.request.Request(f"{server.base}/v1/realtime/calls", data=offer.encode(), method="POST",
-                                     headers={"Content-Type": "application/sdp", "Authorization": f"Bearer {TOKEN}",
-                                              "Origin": "http://elsewhere.example"})
-        try:
-            urllib.request.urlopen(req, timeout=10)
-            status, body = 200, ""
-        except urllib.error.HTTPError as e:
-            status, body = e.code, e.read().decode()
-        assert status == 403 and "origin" in body, (status, body)
-    elif case == "no_audio":
-        status, body, _ = post_offer(f"{server.base}/v1/realtime/calls", offer, TOKEN)
-        assert status == 400 and "m=audio" in body, (status, body)
-    else:
-        status, body, _ = post_offer(f"{server.base}/v1/realtime/calls", "m=audio\r\nm=application\r\nnonsense", TOKEN)
-        assert status == 400 and "invalid_offer" in body, (status, body)
+
+@pytest.mark.parametrize("send, want_status, want_in_body", [
+    pytest.param(lambda url: post_offer(url, NO_AUDIO_OFFER, None)[:2], 401, "invalid_api_key", id="no_token"),
+    pytest.param(lambda url: _status(url, data=b"{}", headers={"Content-Type": "application/json", **AUTH}),
+                 415, "application/sdp", id="wrong_type"),
+    pytest.param(lambda url: post_offer(url, NO_AUDIO_OFFER, TOKEN)[:2], 400, "m=audio", id="no_audio"),
+    pytest.param(lambda url: post_offer(url, "m=audio\r\nm=application\r\nnonsense", TOKEN)[:2], 400, "invalid_offer", id="garbage"),
+    pytest.param(lambda url: _status(url, method="GET"), 405, "", id="get"),
+    pytest.param(lambda url: _status(url, data=NO_AUDIO_OFFER.encode(),  # a page of another site may not place calls here
+                                     headers={"Content-Type": "application/sdp", **AUTH, "Origin": "http://elsewhere.example"}),
+                 403, "origin", id="origin"),
+])
+def test_webrtc_handshake_refusals(server, send, want_status, want_in_body):
+    status, body = send(server.base + CALLS)
+    assert status == want_status and want_in_body in body, (status, body)
     assert not server.server._conns
 
 
@@ -136,9 +95,9 @@ def test_webrtc_call_refused_when_full(shared):
     """The session count holds for calls as for sockets: a full server answers 503 (Retry-After) before any SDP work."""
     from server.session import Limits
 
-    s = _Running(shared, ServerOptions(port=0, limits=Limits(max_sessions=0)))
+    s = Running(shared, ServerOptions(port=0, limits=Limits(max_sessions=0)))
     try:
-        status, body, headers = post_offer(f"{s.base}/v1/realtime/calls", "m=audio\r\nm=application\r\n")
+        status, body, headers = post_offer(s.base + CALLS, "m=audio\r\nm=application\r\n")
     finally:
         s.close()
     assert status == 503 and "server_full" in body and headers.get("retry-after") == "1", (status, body, headers)
