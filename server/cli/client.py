@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from .common import CLIError, fmt_ms
+from .common import CLIError, fmt_ms, json_console, json_flag
 
 
 def add_parser(sub) -> None:
@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     c.add_argument("--tail-s", type=float, default=3.0, help="silence streamed after the audio while answers finish (default 3)")
     c.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds (default 300)")
     c.add_argument("--token", default=None, help="bearer token (default: $WAFERVOX_TOKEN)")
-    c.add_argument("--json", action="store_true", help="JSON Lines: one object per turn, then {\"summary\": ...}")
+    json_flag(c)
     c.set_defaults(func=run)
 
 
@@ -29,14 +29,13 @@ def run(args) -> int:
     import asyncio
 
     import websockets
-    from rich.console import Console
 
     from ..client import ClientOptions, run_client
 
     if args.timeout <= 0:
         raise CLIError("--timeout must be > 0")
     token = args.token or os.environ.get("WAFERVOX_TOKEN") or None
-    console = Console(stderr=args.json)
+    console = json_console(args)
     opts = ClientOptions(url=args.url, token=token, native=args.native, rate=args.rate, tail_s=args.tail_s, timeout_s=args.timeout)
 
     def on_turn(t):

@@ -21,6 +21,19 @@ def fmt_ms(v) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
+def json_flag(sp) -> None:
+    """``--json`` of the commands that report turns (run, mic, client): JSON Lines on stdout, one object per turn, then
+    the summary; what is said to a person goes to stderr then (``json_console``)."""
+    sp.add_argument("--json", action="store_true", help="JSON Lines: one object per turn, then {\"summary\": ...}")
+
+
+def json_console(args):
+    """The console of a command with ``json_flag``: stderr under ``--json`` (stdout carries the JSON Lines alone)."""
+    from rich.console import Console
+
+    return Console(stderr=args.json)
+
+
 def voice_flags(sp) -> None:
     """Flags of every command that runs the voice loop (run, mic, serve)."""
     sp.add_argument("--budget-ms", type=float, default=500.0, help="voice-to-voice budget per turn (default 500)")

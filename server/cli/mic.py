@@ -4,28 +4,26 @@ from __future__ import annotations
 
 import json
 
-from .common import load, loop_config, print_summary, priority_flag, report_printer, voice_flags
+from .common import json_console, json_flag, load, loop_config, print_summary, priority_flag, report_printer, voice_flags
 
 
 def add_parser(sub) -> None:
     m = sub.add_parser("mic", help="local microphone demo (speaker out)",
                        description="Run the same pipeline on the default microphone and speaker.")
     m.add_argument("--seconds", type=float, default=0, help="stop after this many seconds (default: until Ctrl-C)")
-    m.add_argument("--json", action="store_true", help="JSON Lines: one object per turn, then {\"summary\": ...}")
+    json_flag(m)
     voice_flags(m)
     priority_flag(m)
     m.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from rich.console import Console
-
     from voice.clock import RealClock
     from voice.devices import Microphone, Speaker
     from voice.latency import summarize
     from voice.loop import VoiceLoop, run_until
 
-    console = Console(stderr=args.json)
+    console = json_console(args)
     config = loop_config(args)
     engines, deployed = load(args, console)
     mic = Microphone(rate=16000)

@@ -5,7 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .common import CLIError, llm_info, load, loop_config, otel_flags, otel_tracing, print_summary, report_printer, voice_flags
+from .common import (
+    CLIError,
+    json_console,
+    json_flag,
+    llm_info,
+    load,
+    loop_config,
+    otel_flags,
+    otel_tracing,
+    print_summary,
+    report_printer,
+    voice_flags,
+)
 
 
 def add_parser(sub) -> None:
@@ -21,7 +33,7 @@ def add_parser(sub) -> None:
                       help="feed audio at real-time pace (default)")
     pace.add_argument("--fast", dest="realtime", action="store_false",
                       help="feed audio as fast as possible; time runs on a virtual clock that adds measured compute")
-    r.add_argument("--json", action="store_true", help="JSON Lines: one object per turn, then {\"summary\": ...}")
+    json_flag(r)
     r.add_argument("--save-audio", metavar="DIR", help="write the agent's answer audio to DIR/agent.wav")
     r.add_argument("--speak", action="store_true", help="also play the answers on the default sound device")
     r.add_argument("--plot", metavar="PNG", help="draw a per-turn latency waterfall")
@@ -31,12 +43,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
-
     from voice.audio import read_wav
     from voice.replay import conversation_files
 
-    console = Console(stderr=args.json)
+    console = json_console(args)
     config = loop_config(args)
     if args.wav:
         files = [Path(f) for f in args.wav]
