@@ -138,14 +138,44 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def run_page(port: int, wav: Path, shot: Path, *, timeout_s: float = PAGE_TIMEOUT_S) -> dict:
-    """Open the demo page with the fake microphone, wait until a turn is drawn, take the screenshot.
-    Returns the page's state, its uncaught errors and its console errors."""
+def open_page(port: int, wav: Path, shot: Path, *, query: str = "", args: tuple[str, ...] = (), ready_js: str = READY_JS,
+              states: tuple[str, ...] = (STATE_JS,), watch=None, timeout_s: float = PAGE_TIMEOUT_S) -> dict:
+    """Open the demo page (``?autostart=1`` and ``query``) in chromium (``CHROMIUM_ARGS`` and ``args``) with the fake
+    microphone playing ``wav``, wait until ``ready_js`` holds, take the screenshot.  ``watch(page)``, if given, hooks
+    its own listeners before the page loads.  Returns whether it got ready, the page's state (every ``states``
+    script's object, merged), its uncaught errors and its console errors."""
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
     errors: list[str] = []
     console: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                    args=[*CHROMIUM_ARGS, *args, f"--use-file-for-fake-audio-capture={wav}"])
+        try:
+            page = browser.new_page(viewport={"width": 1000, "height": 900})  # a fresh, private profile
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
+            if watch is not None:
+                watch(page)
+            page.goto(f"http://127.0.0.1:{port}/?autostart=1{query}", wait_until="load", timeout=30_000)
+            try:
+                page.wait_for_function(ready_js, timeout=timeout_s * 1000, polling=250)
+                ready = True
+            except PlaywrightError:
+                ready = False
+            state = {}
+            for js in states:
+                state |= page.evaluate(js)
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    return {"ready": ready, "state": state, "errors": errors, "console": console}
+
+
+def run_page(port: int, wav: Path, shot: Path, *, timeout_s: float = PAGE_TIMEOUT_S) -> dict:
+    """The demo page in its websocket mode until a turn is drawn: ``open_page``'s answer and the page's client
+    events (``sent``)."""
     sent: list[dict] = []  # the page's client events, minus the audio payloads
 
     def on_frame(payload) -> None:
@@ -154,27 +184,33 @@ def run_page(port: int, wav: Path, shot: Path, *, timeout_s: float = PAGE_TIMEOU
             ev.pop("audio", None)
             sent.append(ev)
 
-    def on_socket(ws) -> None:
-        ws.on("framesent", on_frame)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                    args=[*CHROMIUM_ARGS, f"--use-file-for-fake-audio-capture={wav}"])
-        try:
-            page = browser.new_page(viewport={"width": 1000, "height": 900})  # a fresh, private profile
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
-            page.on("websocket", on_socket)
-            page.goto(f"http://127.0.0.1:{port}/?autostart=1", wait_until="load", timeout=30_000)
-            try:
-                page.wait_for_function(READY_JS, timeout=timeout_s * 1000, polling=250)
-                ready = True
-            except PlaywrightError:
-                ready = False
-            state = page.evaluate(STATE_JS)
-            page.screenshot(path=str(shot), full_page=True)
-        finally:
-            browser.close()
-    return {"ready": ready, "state": state, "errors": errors, "console": console, "sent": sent}
+    def watch(page) -> None:
+        page.on("websocket", lambda ws: ws.on("framesent", on_frame))
+
+    return open_page(port, wav, shot, watch=watch, timeout_s=timeout_s) | {"sent": sent}
+
+
+def serve_page(tmp_path: Path, shot_name: str, run) -> tuple[dict, str]:
+    """``wafervox serve`` on a free port, and ``run(port, wav, shot)`` on it (the page with the fake microphone playing
+    the first "morning" turn); the screenshot ``tmp_path/shot_name`` is copied to ``$WAFERVOX_ARTIFACTS`` if set.
+    Returns ``run``'s answer and what to show on a failure (the page's state and errors, the server's output)."""
+    wav = fake_capture_wav(tmp_path / "fake_mic.wav")
+    shot = tmp_path / shot_name
+    proc, port, stdout = start_server(SERVER_CMD, tmp_path / "server.log")
+    try:
+        out = run(port, wav, shot)
+    finally:
+        stop_server(proc)
+
+    artifacts = os.environ.get("WAFERVOX_ARTIFACTS")
+    if artifacts and shot.exists():
+        Path(artifacts).mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, Path(artifacts) / shot_name)
+
+    diag = (f"page state: {json.dumps(out['state'])}\npage errors: {out['errors']}\nconsole errors: {out['console'][-10:]}\n"
+            f"server stdout: {stdout[-10:]}\nserver stderr tail:\n"
+            f"{(tmp_path / 'server.log').read_text(errors='replace')[-2000:]}")
+    return out, diag
 
 
 @pytest.fixture(scope="module")
@@ -189,23 +225,8 @@ def browser_available():
 
 
 def test_demo_page_answers_and_draws_waterfall(browser_available, tmp_path):
-    wav = fake_capture_wav(tmp_path / "fake_mic.wav")
-    shot = tmp_path / "demo.png"
-    proc, port, stdout = start_server(SERVER_CMD, tmp_path / "server.log")
-    try:
-        out = run_page(port, wav, shot)
-    finally:
-        stop_server(proc)
-
-    artifacts = os.environ.get("WAFERVOX_ARTIFACTS")
-    if artifacts and shot.exists():
-        Path(artifacts).mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, Path(artifacts) / "demo.png")
-
-    st = out["state"]
-    diag = (f"page state: {json.dumps(st)}\npage errors: {out['errors']}\nconsole errors: {out['console'][-10:]}\n"
-            f"server stdout: {stdout[-10:]}\nserver stderr tail:\n"
-            f"{(tmp_path / 'server.log').read_text(errors='replace')[-2000:]}")
+    out, diag = serve_page(tmp_path, "demo.png", run_page)
+    shot, st = tmp_path / "demo.png", out["state"]
     assert out["ready"], f"no drawn turn with user and agent transcript within {PAGE_TIMEOUT_S} s\n{diag}"
     assert st["turns"] >= 1 and st["stages"], diag
     # every turn also shows what it would have taken on the simulated deployment (default: smollm2 on CS-3)

@@ -10,27 +10,20 @@ Skipped when /usr/bin/chromium or the playwright module is missing.  Every wait 
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 from test_browser import (  # noqa: F401  (browser_available: the fixture, used by name)
-    CHROMIUM,
-    CHROMIUM_ARGS,
     FAKE_RATE,
     PAGE_TIMEOUT_S,
     READY_JS,
-    SERVER_CMD,
     STATE_JS,
     browser_available,
-    fake_capture_wav,
-    start_server,
-    stop_server,
+    open_page,
+    serve_page,
 )
 
-RTC_ARGS = ["--allow-loopback-in-peer-connection", "--disable-features=WebRtcHideLocalIpsWithMdns"]
+RTC_ARGS = ("--allow-loopback-in-peer-connection", "--disable-features=WebRtcHideLocalIpsWithMdns")
 RTC_STATE_JS = """() => ({
   transport: window.wafervox ? window.wafervox.transport : null,
   pageV2V: window.wafervox ? window.wafervox.pageV2V : null,
@@ -42,54 +35,24 @@ READY_V2V_JS = f"() => ({READY_JS})() && window.wafervox.pageV2V.length > 0"
 
 
 def run_rtc_page(port: int, wav: Path, shot: Path, *, timeout_s: float = PAGE_TIMEOUT_S) -> dict:
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
-
-    errors: list[str] = []
-    console: list[str] = []
+    """The demo page in its WebRTC mode until a turn is drawn and timed on the page's clock: ``open_page``'s answer,
+    the websockets the page opened (``sockets``) and its POSTs (``posts``: URL and content type)."""
     sockets: list[str] = []
     posts: list[tuple[str, str | None]] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                    args=[*CHROMIUM_ARGS, *RTC_ARGS, f"--use-file-for-fake-audio-capture={wav}"])
-        try:
-            page = browser.new_page(viewport={"width": 1000, "height": 900})
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
-            page.on("websocket", lambda ws: sockets.append(ws.url))
-            page.on("request", lambda r: posts.append((r.url, r.headers.get("content-type"))) if r.method == "POST" else None)
-            page.goto(f"http://127.0.0.1:{port}/?autostart=1&transport=webrtc", wait_until="load", timeout=30_000)
-            try:
-                page.wait_for_function(READY_V2V_JS, timeout=timeout_s * 1000, polling=250)
-                ready = True
-            except PlaywrightError:
-                ready = False
-            state = page.evaluate(STATE_JS) | page.evaluate(RTC_STATE_JS)
-            page.screenshot(path=str(shot), full_page=True)
-        finally:
-            browser.close()
-    return {"ready": ready, "state": state, "errors": errors, "console": console, "sockets": sockets, "posts": posts}
+
+    def watch(page) -> None:
+        page.on("websocket", lambda ws: sockets.append(ws.url))
+        page.on("request", lambda r: posts.append((r.url, r.headers.get("content-type"))) if r.method == "POST" else None)
+
+    out = open_page(port, wav, shot, query="&transport=webrtc", args=RTC_ARGS, ready_js=READY_V2V_JS,
+                    states=(STATE_JS, RTC_STATE_JS), watch=watch, timeout_s=timeout_s)
+    return out | {"sockets": sockets, "posts": posts}
 
 
 @pytest.mark.usefixtures("browser_available")
 def test_demo_page_webrtc_mode_answers_and_times_the_turn(tmp_path):
-    wav = fake_capture_wav(tmp_path / "fake_mic.wav")
-    shot = tmp_path / "webrtc.png"
-    proc, port, stdout = start_server(SERVER_CMD, tmp_path / "server.log")
-    try:
-        out = run_rtc_page(port, wav, shot)
-    finally:
-        stop_server(proc)
-
-    artifacts = os.environ.get("WAFERVOX_ARTIFACTS")
-    if artifacts and shot.exists():
-        Path(artifacts).mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, Path(artifacts) / "webrtc.png")
-
-    st = out["state"]
-    diag = (f"page state: {json.dumps(st)}\npage errors: {out['errors']}\nconsole errors: {out['console'][-10:]}\n"
-            f"POSTs: {out['posts']}\nserver stdout: {stdout[-10:]}\nserver stderr tail:\n"
-            f"{(tmp_path / 'server.log').read_text(errors='replace')[-2000:]}")
+    out, diag = serve_page(tmp_path, "webrtc.png", run_rtc_page)
+    st, diag = out["state"], f"POSTs: {out['posts']}\n{diag}"
     assert out["ready"], f"no drawn turn with transcripts and a page-clock voice-to-voice within {PAGE_TIMEOUT_S} s\n{diag}"
     assert st["transport"] == "webrtc", diag
     assert not out["sockets"], f"the WebRTC mode opened a websocket: {out['sockets']}"
