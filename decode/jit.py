@@ -9,6 +9,7 @@ def _dispatchers():
     from . import ops, qint, quant, step_ops
 
     found = [obj for mod in (quant, qint, step_ops, ops) for obj in vars(mod).values()]
+    found += list(ops._EMBED.values())  # the embedding kernel of each block type used so far
     for kernels in qint.KERNELS.values():  # each path's kernels (``qint._instantiate``), and its layer stack
         found += [kernels.matvec, kernels.block_isums, step_ops.LAYERS[kernels.name]]
     seen = set()

@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd
-from .quant import dequant_row
+from .quant import dequant_row_inline
 
 _JIT = dict(cache=True, nogil=True)
 _FAST = {"reassoc", "contract", "nsz", "arcp"}
@@ -126,13 +126,29 @@ def silu_mul(gate, up):
             gate[t, i] = g / (np.float32(1.0) + np.float32(math.exp(-g))) * up[t, i]
 
 
-@njit(**_JIT)
+def _embed_kernel(qtype: int):
+    """``embed`` for tables of one block type: ``qtype`` a constant, so numba compiles ``dequant_row``'s branch of
+    that type alone, inlined with its fast-math flags (every branch took ~10 s of a first run's compiling)."""
+
+    def embed_rows(table, tokens, out):
+        if out.shape[0] < tokens.shape[0]:
+            raise ValueError("embed: out has fewer rows than there are tokens")
+        for t in range(tokens.shape[0]):
+            dequant_row_inline(qtype, table, tokens[t], out[t])
+
+    embed_rows.__name__ = embed_rows.__qualname__ = f"embed_{qtype}"
+    return njit(fastmath=_FAST, **_JIT)(embed_rows)
+
+
+_EMBED: dict[int, object] = {}
+
+
 def embed(qtype, table, tokens, out):
     """Rows ``tokens`` of the (quantized) embedding table, as float32 ``out (tokens, d)``."""
-    if out.shape[0] < tokens.shape[0]:
-        raise ValueError("embed: out has fewer rows than there are tokens")
-    for t in range(tokens.shape[0]):
-        dequant_row(qtype, table, tokens[t], out[t])
+    kernel = _EMBED.get(qtype)
+    if kernel is None:
+        kernel = _EMBED.setdefault(qtype, _embed_kernel(int(qtype)))
+    kernel(table, tokens, out)
 
 
 @njit(fastmath=_FAST, **_JIT)

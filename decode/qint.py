@@ -136,7 +136,9 @@ def pack(mats, into: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) ->
     flip = np.uint8(128 if qtype == QType.Q8_0 else 0)
     row0 = 0
     for _, data in mats:
-        _repack(data, bs, qoff, flip, row0, qs, d, m)
+        src = data.view()
+        src.setflags(write=False)  # as a GGUF file's are: one compiled signature for every caller
+        _repack(src, bs, qoff, flip, row0, qs, d, m)
         row0 += data.shape[0]
     for a in (qs, d, m):
         a.setflags(write=False)
@@ -615,13 +617,17 @@ qmatvec_plain, qmatvec_avx2, qmatvec_vnni = (KERNELS[kind].matvec for kind in KI
 @njit(inline="always", **_JIT)
 def qmatvec(kind, qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add):
     """Path ``kind``'s ``IntKernels.matvec`` (its other arguments), for kernels compiled per path (``step_ops.LAYERS``,
-    the Whisper decoder's step) to call: only that path's is compiled with them."""
+    the Whisper decoder's step) to call: only that path's is compiled with them.  ``prep`` and ``add`` go on as
+    plain values, never as the literals a caller writes: numba would compile the kernel once per literal (six
+    parallel compiles of a first run instead of one); callers pass read-only weights and norms for the same reason."""
+    p = np.int64(prep)
+    a = np.bool_(add)
     if kind == "vnni":
-        qmatvec_vnni(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add)
+        qmatvec_vnni(qtype, qs, dh, mh, x, p, norm, eps, xn, xq, xd, xs, xm, out, a)
     elif kind == "avx2":
-        qmatvec_avx2(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add)
+        qmatvec_avx2(qtype, qs, dh, mh, x, p, norm, eps, xn, xq, xd, xs, xm, out, a)
     else:
-        qmatvec_plain(qtype, qs, dh, mh, x, prep, norm, eps, xn, xq, xd, xs, xm, out, add)
+        qmatvec_plain(qtype, qs, dh, mh, x, p, norm, eps, xn, xq, xd, xs, xm, out, a)
 
 
 def available() -> tuple[str, ...]:

@@ -118,6 +118,13 @@ def _dequant_q4(w, r, out, has_min):
 @njit(fastmath=_FAST, **_JIT)
 def dequant_row(qtype, w, r, out):
     """Write row ``r`` of quantized matrix ``w`` as float32 into ``out`` (length = row elements)."""
+    dequant_row_inline(qtype, w, r, out)
+
+
+@njit(inline="always", fastmath=_FAST, **_JIT)
+def dequant_row_inline(qtype, w, r, out):
+    """``dequant_row`` inlined where it is called: with ``qtype`` a constant there, only that type's branch is
+    compiled (the caller compiles with the same fast-math flags, so the numbers are the same)."""
     n = out.shape[0]
     if qtype == _F32:
         out[:] = w[r].view(np.float32)

@@ -243,29 +243,23 @@ def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n
             vc[pos, j] = simd.half_bits(qkv[r, qd + kv + j])
     group = n_heads // n_kv_heads
     scale = np.float32(1.0 / math.sqrt(head_dim))
-    if head_dim == 4 * LANES:
-        if B * n_kv_heads >= GROUP_TASKS:  # a task per row and KV head: its query heads read the cache once
-            for task in prange(B * n_kv_heads):
-                r = task // n_kv_heads
-                g = task % n_kv_heads
-                c = r if n_caches > 1 else 0
-                _group64(qkv[r], g * group * head_dim, group, k_caches[c][layer], v_caches[c][layer], g * head_dim,
-                         positions[r] + 1, scale, att[r])
-        else:  # few rows (a decode step): a task per head, so the threads share the work evenly (the same numbers)
-            for task in prange(B * n_heads):
-                r = task // n_heads
-                h = task % n_heads
-                c = r if n_caches > 1 else 0
-                _group64(qkv[r], h * head_dim, 1, k_caches[c][layer], v_caches[c][layer], (h // group) * head_dim,
-                         positions[r] + 1, scale, att[r])
-        return
-    for task in prange(B * n_heads):
-        r = task // n_heads
-        h = task % n_heads
+    # 64-wide heads with many rows: a task per row and KV head (its query heads read the cache once); else a task
+    # per head, so that the threads share a decode step's few rows evenly (the same numbers either way).  One
+    # parallel loop: each one more costs seconds of a first run's compiling.
+    by_group = head_dim == 4 * LANES and B * n_kv_heads >= GROUP_TASKS
+    per_row = n_kv_heads if by_group else n_heads
+    for task in prange(B * per_row):
+        r = task // per_row
+        i = task % per_row
         c = r if n_caches > 1 else 0
-        qo = h * head_dim
-        _head(qkv[r], qo, k_caches[c][layer], v_caches[c][layer], (h // group) * head_dim,
-              positions[r] + 1, head_dim, scale, att[r])
+        keys, values = k_caches[c][layer], v_caches[c][layer]
+        n = positions[r] + 1
+        if head_dim != 4 * LANES:
+            _head(qkv[r], i * head_dim, keys, values, (i // group) * head_dim, n, head_dim, scale, att[r])
+        elif by_group:
+            _group64(qkv[r], i * group * head_dim, group, keys, values, i * head_dim, n, scale, att[r])
+        else:
+            _group64(qkv[r], i * head_dim, np.int64(1), keys, values, (i // group) * head_dim, n, scale, att[r])
 
 
 # -- packed layers in one call ---------------------------------------------------------------------

@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit, prange
 
 from decode import cpu, qint, simd
-from decode.qint import exp_f32, path_jit, qmatvec
+from decode.qint import NO_NORM, exp_f32, path_jit, qmatvec
 from decode.quant import QType
 from decode.step_ops import dot64, load64, madd64, store64
 from voice.errors import EngineError
@@ -180,7 +180,6 @@ def _step(kind: str):
         the final norm and the logits, on the products of the path's ``qint`` kernel. ``W`` is the tuple of the
         stacked packed matrices (q|k|v, self out, cross q, cross out, fc1, fc2, projection), each ``(qtype, qs,
         d, m)``; ``norms (layers + 1, 3, 2, d)`` gamma and beta; ``biases`` their tuple of ``(layers, n)``."""
-        none = np.zeros(0, np.float32)
         empty = np.zeros((0, 0), np.float32)
         t0, qs0, d0, m0 = W[0]
         t1, qs1, d1, m1 = W[1]
@@ -192,26 +191,26 @@ def _step(kind: str):
         b0, b1, b2, b3, b4, b5 = biases
         for i in range(qs0.shape[0]):
             layer_norm(x[0], norms[i, 0, 0], norms[i, 0, 1], h)
-            qmatvec(kind, t0, qs0[i], d0[i], m0[i], h, 0, none, 0.0, empty, aq, ad, as_, am, qkv, False)
+            qmatvec(kind, t0, qs0[i], d0[i], m0[i], h, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, qkv, False)
             self_attend(qkv[0], b0[i], k_cache[i], v_cache[i], pos, heads, att[0], scores)
-            qmatvec(kind, t1, qs1[i], d1[i], m1[i], att, 0, none, 0.0, empty, aq, ad, as_, am, x, True)
+            qmatvec(kind, t1, qs1[i], d1[i], m1[i], att, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, x, True)
             for j in range(d):
                 x[0, j] += b1[i, j]
             layer_norm(x[0], norms[i, 1, 0], norms[i, 1, 1], h)
-            qmatvec(kind, t2, qs2[i], d2[i], m2[i], h, 0, none, 0.0, empty, aq, ad, as_, am, q, False)
+            qmatvec(kind, t2, qs2[i], d2[i], m2[i], h, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, q, False)
             cross_attend(q[0], b2[i], cross[i], heads, att[0], scores)
-            qmatvec(kind, t3, qs3[i], d3[i], m3[i], att, 0, none, 0.0, empty, aq, ad, as_, am, x, True)
+            qmatvec(kind, t3, qs3[i], d3[i], m3[i], att, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, x, True)
             for j in range(d):
                 x[0, j] += b3[i, j]
             layer_norm(x[0], norms[i, 2, 0], norms[i, 2, 1], h)
-            qmatvec(kind, t4, qs4[i], d4[i], m4[i], h, 0, none, 0.0, empty, aq, ad, as_, am, ffn, False)
+            qmatvec(kind, t4, qs4[i], d4[i], m4[i], h, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, ffn, False)
             gelu_bias(ffn, b4[i])
-            qmatvec(kind, t5, qs5[i], d5[i], m5[i], ffn, 0, none, 0.0, empty, aq, ad, as_, am, x, True)
+            qmatvec(kind, t5, qs5[i], d5[i], m5[i], ffn, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, x, True)
             for j in range(d):
                 x[0, j] += b5[i, j]
         last = qs0.shape[0]
         layer_norm(x[0], norms[last, 0, 0], norms[last, 0, 1], h)
-        qmatvec(kind, t6, qs6[0], d6[0], m6[0], h, 0, none, 0.0, empty, aq, ad, as_, am, logits, False)
+        qmatvec(kind, t6, qs6[0], d6[0], m6[0], h, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, logits, False)
 
     return path_jit(step, kind)
 
@@ -283,8 +282,10 @@ def _stack(mats: list[np.ndarray]) -> tuple:
     """``(qtype, qs, d, m)`` of same-shaped float32 matrices, quantized to Q8_0 and packed, with a leading
     layer axis."""
     packed = [qint.pack([(QType.Q8_0, q8_0_blocks(m))]) for m in mats]
-    return (int(QType.Q8_0), np.stack([p.qs for p in packed]), np.stack([p.d for p in packed]),
-            np.stack([p.m for p in packed]))
+    stacks = tuple(np.stack([getattr(p, a) for p in packed]) for a in ("qs", "d", "m"))
+    for a in stacks:  # read-only as the decode core's stacks are: the kernel's one compiled signature serves both
+        a.setflags(write=False)
+    return (int(QType.Q8_0), *stacks)
 
 
 @dataclass(frozen=True, slots=True)
