@@ -326,6 +326,17 @@ class Model:
         self.forward(self.new_state(), [0], 0)
         return time.perf_counter() - t0
 
+    def compile_attention(self) -> None:
+        """``cache_attend`` alone, once, on a scratch sequence: its kernel compiled (or loaded from numba's cache)
+        with the argument types the layer stack passes it.  A first run calls this while another process compiles
+        the matrix kernel (``voice.precompile``); ``warm_up`` then finds both in the cache."""
+        cfg = self.config
+        s = self.new_state()
+        b = s.step.first(1)
+        ks, vs, n_caches = s.caches
+        cache_attend(b.qkv, ks, vs, n_caches, 0, b.pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims,
+                     self.cos, self.sin, b.att)
+
     def new_state(self) -> RunState:
         """Scratch buffers and an empty KV cache for one sequence."""
         return RunState(self.config, self.n_ctx)

@@ -50,41 +50,62 @@ def one_blas_thread() -> None:
 
 def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None = None, progress=None) -> tuple[Engines, dict]:
     """Engines ready to run, and the load time of each in ms."""
-    from decode import Generator, Model
+    from decode import Generator, Model, qint
 
     from .asr import WhisperTranscriber
+    from .precompile import Precompile, cold
     from .tts import make_synthesizer
 
     say = progress or (lambda msg: None)
     one_blas_thread()
     times = {}
-    t = time.perf_counter()
-    say("loading Whisper tiny.en")
-    asr = WhisperTranscriber(cpu_threads=opts.asr_threads)
-    asr.warmup()
-    times["asr_ms"] = (time.perf_counter() - t) * 1000
-    t = time.perf_counter()
-    say("loading the LLM and prefilling the persona")
-    model = Model(opts.model)
-    if opts.deploy is not None:
-        model = opts.deploy(model)
-    local = LLMConversation(Generator(model=model), persona=persona or Persona(), max_tokens=opts.max_tokens)
-    local.warmup()
-    llm = local
-    if opts.backend is not None:
-        from .openai_llm import OpenAIConversation
+    kind = qint.select().name
+    # a first run: a second process compiles the matrix kernel and Whisper's decoder meanwhile (voice.precompile)
+    pre = Precompile.start(kind) if cold(kind) else None
+    if pre is not None:
+        say(f"first run: compiling the {kind} kernels into numba's cache, on two processes (once per machine)")
+    try:
+        t = time.perf_counter()
+        say("loading the LLM and prefilling the persona")
+        model = Model(opts.model, warm=False)
+        if pre is not None:
+            model.compile_attention()
+            pre.wait("qmatvec")
+        model.warm_up()
+        if opts.deploy is not None:
+            model = opts.deploy(model)
+        local = LLMConversation(Generator(model=model), persona=persona or Persona(), max_tokens=opts.max_tokens)
+        local.warmup()
+        llm = local
+        if opts.backend is not None:
+            from .openai_llm import OpenAIConversation
 
-        say(f"checking the LLM backend: {opts.backend.name}")
-        llm = OpenAIConversation(opts.backend, persona=local.persona, max_tokens=opts.max_tokens)
-        llm.warmup()  # raises LLMBackendError, in one line, when it cannot answer
-    times["llm_ms"] = (time.perf_counter() - t) * 1000
-    t = time.perf_counter()
-    say(f"loading the {opts.tts} voice")
-    tts = make_synthesizer(opts.tts)
-    tts.warmup()
-    ack = np.concatenate(list(tts.synthesize(ACK_TEXT)) or [np.zeros(0, np.int16)])
-    times["tts_ms"] = (time.perf_counter() - t) * 1000
-    t = time.perf_counter()
+            say(f"checking the LLM backend: {opts.backend.name}")
+            llm = OpenAIConversation(opts.backend, persona=local.persona, max_tokens=opts.max_tokens)
+            llm.warmup()  # raises LLMBackendError, in one line, when it cannot answer
+        times["llm_ms"] = (time.perf_counter() - t) * 1000
+        t = time.perf_counter()
+        say(f"loading the {opts.tts} voice")
+        tts = make_synthesizer(opts.tts)
+        tts.warmup()
+        ack = np.concatenate(list(tts.synthesize(ACK_TEXT)) or [np.zeros(0, np.int16)])
+        times["tts_ms"] = (time.perf_counter() - t) * 1000
+        t = time.perf_counter()
+        if pre is not None:
+            pre.wait("whisper")
+            if (why := pre.failure()) is not None:
+                say(f"{why}; compiling here instead")
+            pre.close()
+        say("loading Whisper tiny.en")
+        asr = WhisperTranscriber(cpu_threads=opts.asr_threads)
+        asr.warmup()
+        times["asr_ms"] = (time.perf_counter() - t) * 1000
+        t = time.perf_counter()
+    except BaseException:
+        if pre is not None:  # a model that failed to load: the worker's compiling is of no use now
+            pre.proc.kill()
+            pre.close()
+        raise
     say("warming up with one full turn")
     turn_end = TurnEndScorer.for_model(local.generator)
     warm_turn(asr, llm, tts, turn_end)
