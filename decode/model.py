@@ -326,12 +326,14 @@ class Model:
         self.forward(self.new_state(), [0], 0)
         return time.perf_counter() - t0
 
-    def compile_attention(self) -> None:
-        """``cache_attend`` alone, once, on a scratch sequence: its kernel compiled (or loaded from numba's cache)
-        with the argument types the layer stack passes it.  A first run calls this while another process compiles
-        the matrix kernel (``voice.precompile``); ``warm_up`` then finds both in the cache."""
+    def compile_parts(self) -> None:
+        """The embedding lookup and ``cache_attend`` alone, once each, on a scratch sequence: their kernels compiled
+        (or loaded from numba's cache) with the argument types a forward pass gives them.  A first run calls this
+        while another process compiles the matrix kernel (``voice.precompile``); ``warm_up`` then finds them all in
+        the cache."""
         cfg = self.config
         s = self.new_state()
+        self.embed(np.zeros(1, np.int64), s.x[:1])
         b = s.step.first(1)
         ks, vs, n_caches = s.caches
         cache_attend(b.qkv, ks, vs, n_caches, 0, b.pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims,

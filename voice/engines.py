@@ -69,7 +69,7 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
         say("loading the LLM and prefilling the persona")
         model = Model(opts.model, warm=False)
         if pre is not None:
-            model.compile_attention()
+            model.compile_parts()
             pre.wait("qmatvec")
         model.warm_up()
         if opts.deploy is not None:

@@ -1,5 +1,5 @@
 """A first run's numba compiling on two cores: a second process compiles the matrix kernel and Whisper's decoder
-while this one loads the LLM and compiles its attention, so the first turn waits for half the compiling.
+while this one loads the LLM and compiles its embedding and attention, so the first turn waits for half the compiling.
 
 numba compiles in the calling thread, one function after another: a first run on a fresh machine compiled the
 integer matrix kernel (``qint.qmatvec_<path>``, ~12-15 s), the decode core's attention and layer stack (~15 s),
@@ -8,7 +8,7 @@ Whisper's decoder step (~8 s) and a few smaller kernels, all on one core.  Every
 process has compiled and saved is loaded here instead.  ``load_engines`` starts ``python -m voice.precompile
 <path>`` when the cache holds no layer stack or Whisper step for the path, then:
 
-- loads the LLM's weights and compiles its attention (``Model.compile_attention``) while the worker compiles
+- loads the LLM's weights and compiles its embedding and attention (``Model.compile_parts``) while the worker compiles
   the matrix kernel (stage ``qmatvec``);
 - waits for that stage, then runs the LLM's first step: its layer stack finds the matrix kernel in the cache;
 - loads the voice while the worker loads Whisper and transcribes half a second of silence (stage ``whisper``);
