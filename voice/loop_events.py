@@ -79,7 +79,7 @@ class IdleTimeout:
 class TurnEnded:
     """The turn is over.  ``spoken``: what the user heard of the answer ("" for a turn without words); ``reason``: None
     when the answer played out (or there was none), else why it was stopped ("turn_detected" for a barge-in,
-    "client_cancelled", "client_truncated", "failed" when the LLM backend failed: ``error`` says how); ``report``: None
+    "client_cancelled" (a cancel or a truncate), "failed" when the LLM backend failed: ``error`` says how); ``report``: None
     for a turn without words; ``called``: the answer called a tool."""
 
     transcript: str

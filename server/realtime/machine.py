@@ -349,7 +349,7 @@ class RealtimeConversation:
                                         f"{r.samples * 1000 // rate} ms of audio", ev.event_id, "audio_end_ms"))
             return
         if r is self.current:
-            self.voice.cancel("client_truncated")
+            self.voice.cancel("client_cancelled")  # the API's reason for a response the client ended
         heard = r.playout.heard((r.first_sample or 0) + ev.audio_end_ms * rate // 1000)
         if r is next(reversed(self._responses.values()), None):  # the last answer: the LLM's context hears the change
             self.voice.amend_reply(heard)

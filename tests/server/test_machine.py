@@ -258,7 +258,7 @@ def test_a_request_that_ends_unanswered_leaves_nothing_behind():
 
 
 def test_cancel_and_truncate_end_the_response_inside_the_call_in_wire_order():
-    s = Scene(validate=False)  # (the reason "client_truncated" is ours: openai's types know only the other reasons)
+    s = Scene()  # every event validated with openai's types: a truncate ends the response as "client_cancelled"
     s.voice.on_cancel = lambda reason: s.loop(ended("It is", reason=reason))
     item = s.answer("It is noon now.", samples=4800)
     rid = s.m.current.id
@@ -266,12 +266,12 @@ def test_cancel_and_truncate_end_the_response_inside_the_call_in_wire_order():
     s.wire.clear()
     # half the audio heard: the client truncates the answer in progress
     out = s.client(type="conversation.item.truncate", item_id=item, content_index=0, audio_end_ms=100)
-    assert s.voice.asked[-2:] == [("cancel", "client_truncated"), ("amend", "It is")]
+    assert s.voice.asked[-2:] == [("cancel", "client_cancelled"), ("amend", "It is")]
     assert types(s.wire) == ["response.output_audio.done", "response.output_audio_transcript.done", "response.content_part.done",
                              "response.output_item.done", "conversation.item.done", "response.done", "conversation.item.truncated"]
     assert out == s.wire[-1:]  # the rest was sent from inside the call, first
     done = s.wire[-2].response
-    assert (done["id"], done["status"], done["status_details"]["reason"]) == (rid, "cancelled", "client_truncated")
+    assert (done["id"], done["status"], done["status_details"]["reason"]) == (rid, "cancelled", "client_cancelled")
     [retrieved] = s.client(type="conversation.item.retrieve", item_id=item)
     assert (retrieved.item["status"], retrieved.item["content"][0]["transcript"]) == ("incomplete", "It is")
     err = error(s.client(type="conversation.item.truncate", item_id=item, content_index=0, audio_end_ms=1000))
