@@ -16,22 +16,24 @@ from voice.precompile import Precompile
 
 
 def _fake_worker(script: str) -> Precompile:
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return Precompile("plain", proc)
 
 
 def test_each_stage_is_waited_for_in_order():
     pre = _fake_worker("""
-        import time
+        import sys
         print("qmatvec", flush=True)
-        time.sleep(0.5)
+        sys.stdin.readline()  # the second stage only once the test lets it
         print("whisper", flush=True)
     """)
     try:
-        assert pre.wait("qmatvec", timeout=30)
-        assert not pre.done["whisper"].is_set()  # the second stage comes half a second later
-        assert pre.wait("whisper", timeout=30)
+        assert pre.wait("qmatvec", timeout=60)
+        assert not pre.done["whisper"].is_set()
+        pre.proc.stdin.write("go\n")
+        pre.proc.stdin.flush()
+        assert pre.wait("whisper", timeout=60)
         pre.close()
         assert pre.failure() is None and pre.proc.returncode == 0
     finally:
