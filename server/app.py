@@ -61,6 +61,8 @@ class ServerOptions:
     trusted_proxies: tuple[str, ...] = ()
     #: the server's address as callers' providers reach it (``--public-url``): the TwiML's stream URL; else the request's host
     public_url: str | None = None
+    #: the Twilio account's auth token: the voice webhook answers only requests signed with it (``X-Twilio-Signature``)
+    twilio_auth_token: str | None = None
 
 
 class RateLimiter:

@@ -25,7 +25,9 @@ is transcoded or resampled here); the session's server events in, Twilio's messa
 - a response cancelled while its audio is queued on the call (``response.cancel``, a key) is cleared as a barge-in is.
 
 ``TwilioCalls`` is the ASGI side: ``POST /v1/twilio/voice`` answers a number's voice webhook with TwiML that connects
-the call to the stream (its URL from ``--public-url``, else the request's host), and ``/v1/twilio/stream`` checks the
+the call to the stream (its URL from ``--public-url``, else the request's host); with the account's auth token
+(``TWILIO_AUTH_TOKEN``, ``--twilio-auth-token``) it answers only a request whose ``X-Twilio-Signature`` is Twilio's
+(``signature``, 403 otherwise), and ``/v1/twilio/stream`` checks the
 origin and the token (the handshake's, else the ``token`` custom parameter the TwiML carries: Twilio cannot set
 headers), then runs the call as a session of the server (``VoiceServer._handle``: its limits, metrics and outbox).
 """
@@ -35,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import hmac
 import json
 import logging
@@ -342,6 +345,38 @@ def _same(a: str | None, b: str) -> bool:
     return a is not None and hmac.compare_digest(a.encode(), b.encode())
 
 
+def signature(auth_token: str, url: str, form: dict[str, list[str]]) -> str:
+    """Twilio's request signature (``X-Twilio-Signature``): HMAC-SHA1 with the account's auth token of the URL Twilio
+    requested (query included), followed by each form parameter's name and value, by name (a name's values sorted),
+    base64."""
+    data = url + "".join(name + value for name in sorted(form) for value in sorted(form[name]))
+    return base64.b64encode(hmac.new(auth_token.encode(), data.encode(), hashlib.sha1).digest()).decode()
+
+
+def signed_urls(public_url: str | None, request_url: str, path: str, query: str) -> list[str]:
+    """The URLs a webhook's signature may have been made over: under ``--public-url`` when set (a proxy or a tunnel
+    in front: Twilio signs the URL it called), else the request's own; each with and without the scheme's default port
+    (Twilio's libraries accept either)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if public_url:
+        base = public_url.rstrip("/")
+        for plain, secure in (("wss://", "https://"), ("ws://", "http://")):
+            if base.startswith(plain):
+                base = secure + base[len(plain):]
+        url = base + path + ("?" + query if query else "")
+    else:
+        url = request_url
+    parts = urlsplit(url)
+    default = {"https": 443, "http": 80}.get(parts.scheme)
+    if default is None or parts.port not in (None, default) or parts.username or parts.password:
+        return [url]
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    other = host if parts.port else f"{host}:{default}"
+    return [url, urlunsplit(parts._replace(netloc=other))]
+
+
 class _CallSocket(SessionSocket):
     """The call's websocket as the server's session adapter sees a Realtime client's (``server.asgi.SessionSocket``, its base): what it
     sends is Realtime server events, turned into Twilio messages by the call's ``MediaStream``; what it reads is the
@@ -425,7 +460,15 @@ class TwilioCalls:
             body += chunk
             if len(body) > MAX_VOICE_BODY:
                 return Response("request body too large\n", 413, media_type="text/plain")
-        form = parse_qs(body.decode("utf-8", "replace"))
+        form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+        secret = getattr(srv.opts, "twilio_auth_token", None)
+        if secret:  # only Twilio, which knows the account's auth token, gets TwiML
+            offered = request.headers.get("X-Twilio-Signature", "")
+            urls = signed_urls(getattr(srv.opts, "public_url", None), str(request.url), request.url.path, request.url.query)
+            if not any(_same(offered, signature(secret, url, form)) for url in urls):
+                srv.metrics.rejected.labels("signature").inc()
+                return Response("missing or wrong X-Twilio-Signature (the request is not from Twilio, or --public-url is "
+                                "not the URL the number's webhook calls)\n", 403, media_type="text/plain")
         params = {"token": token} if token else {}
         if form.get("CallSid"):
             params["callSid"] = form["CallSid"][0][:64]

@@ -45,6 +45,10 @@ def add_parser(sub) -> None:
                     help="the server's address as a phone provider reaches it (https://NAME: an ngrok tunnel or a reverse "
                          "proxy); the TwiML of POST /v1/twilio/voice points the call's stream at URL/v1/twilio/stream "
                          "(default: the request's Host, as wss://)")
+    sv.add_argument("--twilio-auth-token", metavar="TOKEN", default=os.environ.get("TWILIO_AUTH_TOKEN") or None,
+                    help="the Twilio account's auth token: POST /v1/twilio/voice then answers only requests that carry "
+                         "Twilio's X-Twilio-Signature, made over the webhook's URL (--public-url when the server is behind a "
+                         "proxy or a tunnel); default: $TWILIO_AUTH_TOKEN (an environment variable keeps it out of ps)")
     sv.add_argument("-v", "--verbose", action="store_true", help="log sessions and errors to stderr")
     voice_flags(sv)
     otel_flags(sv)
@@ -142,7 +146,7 @@ def _serve(args, sock, console, ready) -> None:
                     max_output_bytes=args.max_output_bytes, idle_timeout_s=args.idle_timeout)
     opts = ServerOptions(host=args.host, port=args.port, token=args.token, origins=tuple(args.allow_origin), limits=limits,
                          loop_config=loop_config(args), connect_rate=args.max_connect_rate, trusted_proxies=tuple(args.trust_proxy),
-                         public_url=args.public_url)
+                         public_url=args.public_url, twilio_auth_token=args.twilio_auth_token)
     shared, deployed = load(args, console, shared=True)
     per_session = shared.session_bytes() + limits.session_buffer_bytes()
     console.print(f"[dim]{memory_plan(per_session, args.max_sessions, available_memory())}[/]")

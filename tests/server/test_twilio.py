@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from server.twilio import FRAME, STREAM_PATH, VOICE_PATH, MediaStream, StreamError, stream_url, twiml
+from server.twilio import FRAME, STREAM_PATH, VOICE_PATH, MediaStream, StreamError, signature, signed_urls, stream_url, twiml
 from voice import g711
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,6 +161,21 @@ def test_twiml_and_the_stream_url():
     assert stream_url("voice.example.com", "x", "https") == "wss://voice.example.com" + STREAM_PATH
 
 
+def test_the_signature_is_twilios_on_its_published_example():
+    """The example of Twilio's security page (its URL, form and auth token '12345'), and what may have been signed."""
+    form = {"CallSid": ["CA1234567890ABCDE"], "Caller": ["+12349013030"], "Digits": ["1234"], "From": ["+12349013030"],
+            "To": ["+18005551212"]}
+    assert signature("12345", "https://mycompany.com/myapp.php?foo=1&bar=2", form) == "0/KCTR6DLpKmkAf8muzZqo1nDgQ="
+    assert signature("12345", "https://mycompany.com/myapp.php?foo=1&bar=2", {**form, "Digits": ["1235"]}) != \
+        "0/KCTR6DLpKmkAf8muzZqo1nDgQ="
+    local = "http://127.0.0.1:8765/v1/twilio/voice?token=t"
+    assert signed_urls(None, local, VOICE_PATH, "token=t") == [local]  # a port of its own stays
+    assert signed_urls("https://abc.ngrok.app/", local, VOICE_PATH, "token=t") == [
+        "https://abc.ngrok.app/v1/twilio/voice?token=t", "https://abc.ngrok.app:443/v1/twilio/voice?token=t"]
+    assert signed_urls(None, "https://x.example:443/v1/twilio/voice", VOICE_PATH, "") == [
+        "https://x.example:443/v1/twilio/voice", "https://x.example/v1/twilio/voice"]
+
+
 # --------------------------------------------------------------------------- over a real server
 
 
@@ -205,6 +220,31 @@ def test_the_voice_webhook_answers_with_twiml(server):
     assert params == {"token": TOKEN, "callSid": "CA1"}
     assert _post(server.port, VOICE_PATH)[0] == 401
     assert _post(server.port, VOICE_PATH, headers={"Authorization": "Bearer nope"})[0] == 401
+
+
+def test_with_the_auth_token_only_a_signed_webhook_gets_twiml(shared):
+    from test_server import _Running
+
+    from server.app import ServerOptions
+
+    auth, body, form = "acct-auth-token", b"CallSid=CA1&From=%2B15550001", {"CallSid": ["CA1"], "From": ["+15550001"]}
+    for public in (None, "https://voice.example.com"):
+        s = _Running(shared, ServerOptions(port=0, twilio_auth_token=auth, public_url=public))
+        try:
+            local = f"http://127.0.0.1:{s.port}{VOICE_PATH}"
+            url = local if public is None else public + VOICE_PATH  # Twilio signs the URL it called
+            good = {"X-Twilio-Signature": signature(auth, url, form)}
+            status, ctype, twiml_body = _post(s.port, VOICE_PATH, body, good)
+            assert status == 200 and ET.fromstring(twiml_body).find("./Connect/Stream") is not None
+            assert _post(s.port, VOICE_PATH, body)[0] == 403  # unsigned
+            assert _post(s.port, VOICE_PATH, body.replace(b"CA1", b"CA2"), good)[0] == 403  # the form changed
+            assert _post(s.port, VOICE_PATH, body, {"X-Twilio-Signature": signature("another", url, form)})[0] == 403
+            if public is not None:  # behind a proxy, a signature over the local address is not Twilio's
+                assert _post(s.port, VOICE_PATH, body, {"X-Twilio-Signature": signature(auth, local, form)})[0] == 403
+            status, _, text = _post(s.port, VOICE_PATH, body)
+            assert "X-Twilio-Signature" in text
+        finally:
+            s.close()
 
 
 def test_a_stream_without_the_token_is_closed(server):
