@@ -7,7 +7,7 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from voice.latency import STAGES
+from voice.latency import STAGES, TEXT_STAGES
 
 _BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -20,7 +20,7 @@ class Metrics:
                                ["stage"], buckets=_BUCKETS, registry=r)
         self.client = Histogram("wafervox_client_voice_to_voice_seconds", "Voice-to-voice on the client's clock "
                                 "(from output_audio.played)", buckets=_BUCKETS, registry=r)
-        self.turns = Counter("wafervox_turns", "Answered user turns", registry=r)
+        self.turns = Counter("wafervox_turns", "Answered user turns (spoken or text-only)", registry=r)
         self.within = Counter("wafervox_turns_within_budget", "Turns whose voice-to-voice met the budget", registry=r)
         self.hit_rate = Gauge("wafervox_budget_hit_rate", "Share of turns within budget since the server started", registry=r)
         self.active = Gauge("wafervox_sessions_active", "Open sessions", registry=r)
@@ -36,11 +36,14 @@ class Metrics:
         self._lock = threading.Lock()
 
     def turn(self, report: dict) -> None:
-        for stage in STAGES:
-            v = report["latency_ms"].get(stage)
+        """A finished turn's report: each stage it has, and an answered turn (spoken, or a text-only answer held
+        against the budget by its voice-to-text) in the counts and the hit rate."""
+        lat = report["latency_ms"]
+        for stage in STAGES + TEXT_STAGES:
+            v = lat.get(stage)
             if v is not None and v >= 0:
                 self.stage.labels(stage).observe(v / 1000)
-        if report["latency_ms"].get("voice_to_voice_ms") is None:
+        if lat.get("voice_to_voice_ms") is None and lat.get("voice_to_text_ms") is None:
             return
         self.turns.inc()
         if report["within_budget"]:

@@ -424,10 +424,13 @@ class _TurnSpans:
                  "wafervox.turn.mitigation": r.mitigation}
         if r.mitigations:
             attrs["wafervox.turn.mitigations"] = tuple(r.mitigations)
-        v2v = r.voice_to_voice_ms
-        if v2v is not None:
+        v2v, answer = r.voice_to_voice_ms, r.answer_ms
+        if answer is not None:
             attrs["wafervox.turn.overrun_ms"] = round(r.overrun_ms, 3)
+        if v2v is not None:
             attrs["wafervox.turn.time_to_first_audio_ms"] = round(v2v, 3)  # the turn's time to first byte of the answer
+        elif answer is not None:  # a text-only answer: its first text handed out
+            attrs["wafervox.turn.time_to_first_text_ms"] = round(answer, 3)
         if r.forecast_ms is not None:
             attrs["wafervox.turn.forecast_ms"] = round(r.forecast_ms, 3)
         _put(attrs, "wafervox.latency.", self.lat)

@@ -381,3 +381,32 @@ def test_the_flags_ask_for_an_exporter_or_nothing():
     assert (local.provider, local.model, local.max_tokens) == ("wafervox", "tiny-llama.Q8_0", 48)
     remote = llm_info(argparse.Namespace(llm="https://llm.example/v1", llm_model="qwen", model=None), Conv())
     assert (remote.provider, remote.model, remote.server_address, remote.server_port) == ("openai", "qwen", "llm.example", 443)
+
+
+#: a text-only answer (output_modalities ["text"]): no TTS; its first text handed out at ``answer_text``
+TEXT = {k: v for k, v in FULL.items() if k not in ("tts_first_audio", "answer_audio", "first_audio")} | {"answer_text": 11.28}
+
+
+def test_a_text_only_turn_carries_its_time_to_first_text(traced):
+    tracing, exporter, opened = traced
+    st = tracing.session(LLMInfo(model="SmolLM2-135M-Instruct", max_tokens=48), session_id="s1", now=lambda: 10.0)
+    st.turn(report(TEXT))
+    st.close(at_s=13.0)
+    (turn,) = [s for s in exporter.get_finished_spans() if s.name == "voice.turn"]
+    assert turn.attributes["wafervox.turn.time_to_first_text_ms"] == pytest.approx(280.0)
+    assert "wafervox.turn.time_to_first_audio_ms" not in turn.attributes
+    assert turn.attributes["wafervox.turn.overrun_ms"] == 0.0 and turn.attributes["wafervox.turn.within_budget"] is True
+    assert not opened.open
+
+
+def test_metrics_count_a_text_only_turn_as_answered():
+    from server.metrics import Metrics
+
+    m = Metrics()
+    m.turn(report(TEXT).to_dict())
+    m.turn(report(FULL).to_dict())
+    m.turn(report({"speech_start": 10.0, "last_voiced": 11.0, "endpoint": 11.3}).to_dict())  # no answer: not counted
+    text = m.render().decode()
+    assert "wafervox_turns_total 2.0" in text and "wafervox_turns_within_budget_total 2.0" in text
+    assert 'wafervox_turn_stage_seconds_count{stage="voice_to_text_ms"} 1.0' in text
+    assert 'wafervox_turn_stage_seconds_count{stage="voice_to_voice_ms"} 1.0' in text
