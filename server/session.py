@@ -33,6 +33,7 @@ from voice.protocols import ASR_RATE
 from . import realtime as P
 from . import tracing
 from .memory import trim
+from .realtime.config import G711_FORMATS
 from .realtime.loop_voice import LoopVoice
 from .realtime.machine import AudioOut, Output, RealtimeConversation
 
@@ -56,9 +57,14 @@ class Limits:
     def session_buffer_bytes(self, input_rate: int = 24000) -> int:
         """The most one session's wire buffers hold: its input backlog (base64 text, the larger form) and
         the utterance kept, plus its output queue (events may reach twice the audio limit)."""
-        backlog = int(self.max_input_s * input_rate * 2 * 4 / 3) + self.max_message_bytes
+        backlog = self.backlog_bytes(input_rate)
         utterance = int(self.max_input_s * ASR_RATE * 2)
         return backlog + utterance + 2 * self.max_output_bytes
+
+    def backlog_bytes(self, input_rate: int, g711: bool = False, binary: bool = False) -> int:
+        """The most input waiting for the session's thread: ``max_input_s`` of audio in the session's format (a byte a
+        G.711 sample, two a PCM16 one), as base64 text (4/3 of it) unless ``binary``, plus one message."""
+        return int(self.max_input_s * input_rate * (1 if g711 else 2) * (1 if binary else 4 / 3)) + self.max_message_bytes
 
 
 class RealtimeSession:
@@ -111,8 +117,8 @@ class RealtimeSession:
             self.inbox.put(P.ProtocolError("message_too_large", f"{'binary' if isinstance(msg, bytes) else 'text'} message of "
                                              f"{size} bytes exceeds the limit of {self.limits.max_message_bytes} bytes; dropped"))
             return False
-        rate = self.proto.config.input_rate
-        cap = int(self.limits.max_input_s * rate * 2 * (1 if isinstance(msg, bytes) else 4 / 3)) + self.limits.max_message_bytes
+        cfg = self.proto.config
+        cap = self.limits.backlog_bytes(cfg.input_rate, cfg.input_format in G711_FORMATS, isinstance(msg, bytes))
         with self._pending_lock:
             over = self._pending + size > cap
             if not over:

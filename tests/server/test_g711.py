@@ -139,6 +139,17 @@ def test_g711_rates_and_switching_back():
 # --------------------------------------------------------------------------- a whole Realtime session in audio/pcmu
 
 
+def test_the_input_backlog_holds_the_same_seconds_in_g711_as_in_pcm16():
+    """A session's input backlog limit counts a G.711 sample as one byte (PCM16: two), as base64 text or binary."""
+    from server.session import Limits
+
+    lim = Limits(max_input_s=2.0, max_message_bytes=1000)
+    assert lim.backlog_bytes(8000, g711=True, binary=True) == 2 * 8000 + 1000
+    assert lim.backlog_bytes(8000, g711=True) == int(2 * 8000 * 4 / 3) + 1000
+    assert lim.backlog_bytes(24000) == int(2 * 24000 * 2 * 4 / 3) + 1000
+    assert lim.backlog_bytes(24000, binary=True) == 2 * 24000 * 2 + 1000
+
+
 def test_a_session_in_pcmu_passes_the_strict_conformance_client(server):
     """A spoken turn and a typed one in audio/pcmu both ways: every server event validates against the openai SDK's
     union with no field outside it, the session echoes the format, and the answer comes as mu-law at 8 kHz."""
