@@ -41,7 +41,7 @@ def cold(kind: str) -> bool:
 
     try:
         paths = [d._cache._cache_file._index_path for d in
-                 (qint.KERNELS[kind].matvec, step_ops.LAYERS[kind], whisper_decoder._STEPS[kind])]
+                 (qint.KERNELS[kind].matvec, step_ops.LAYERS[kind], whisper_decoder.STEPS[kind])]
     except (AttributeError, KeyError):
         return False
     return not all(os.path.exists(p) for p in paths)

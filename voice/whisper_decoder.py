@@ -216,7 +216,7 @@ def _step(kind: str):
 
 
 #: The decoder step of each integer-kernel path (none compiled before its first call).
-_STEPS = {kind: _step(kind) for kind in qint.KINDS}
+STEPS = {kind: _step(kind) for kind in qint.KINDS}
 
 
 @njit(parallel=True, error_model="numpy", **_JIT)
@@ -360,7 +360,7 @@ class Decoder:
             weights = load_weights(model_bin)
         self.weights = w = weights
         self.kernels = qint.select(kernels)
-        self._step = _STEPS[self.kernels.name]
+        self._step = STEPS[self.kernels.name]
         self.heads = w.heads
         self.vocab, self.d = w.embeddings.shape
         self.n_ctx, d = w.positions.shape[0], self.d

@@ -91,7 +91,7 @@ def test_a_first_run_compiles_the_matrix_kernel_and_whisper_once_in_the_worker(t
             return {"compiled": sum(d.stats.cache_misses.values()), "loaded": sum(d.stats.cache_hits.values()),
                     "signatures": len(d.signatures)}
         print(json.dumps({"said": said, "qmatvec": counts(qint.KERNELS[kind].matvec),
-                          "step": counts(whisper_decoder._STEPS[kind]), "layers": counts(step_ops.LAYERS[kind]),
+                          "step": counts(whisper_decoder.STEPS[kind]), "layers": counts(step_ops.LAYERS[kind]),
                           "attend": counts(step_ops.cache_attend)}))
     """)
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
