@@ -113,9 +113,10 @@ def post_offer(url: str, sdp: str, token: str | None = None, timeout_s: float = 
 
 
 async def webrtc_turn(base: str, pcm: np.ndarray, speech_end_s: float, *, token: str | None = None, query: str = "?extensions=1",
-                      timeout_s: float = 120, low_latency: bool = True) -> dict:
+                      timeout_s: float = 120, low_latency: bool = True, until=None, on_event=None) -> dict:
     """One call: send ``pcm`` (48 kHz) as the microphone until the first response is done and its ``turn.latency``
-    came; the events received (in order), the answer audio's peak and length, and the client's voice-to-voice.
+    came (or until ``until(events)`` is true); the events received (in order), the answer audio's peak and length, and
+    the client's voice-to-voice.  ``on_event(event, channel)`` sees each event as it comes (to answer it).
     ``low_latency``: the peer's receiver hands each frame on as it arrives (``server.webrtc.AudioJitter``, as the
     server's does; a browser's adaptive buffer stays near one frame on a clean link), not after aiortc's four more."""
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
@@ -144,8 +145,10 @@ async def webrtc_turn(base: str, pcm: np.ndarray, speech_end_s: float, *, token:
         events.append(ev)
         if ev["type"] == "response.created":
             out["responding"] = True
+        if on_event is not None:
+            on_event(ev, channel)
         seen = {e["type"] for e in events}
-        if "response.done" in seen and ("turn.latency" in seen or "extensions=1" not in query):
+        if until(events) if until is not None else "response.done" in seen and ("turn.latency" in seen or "extensions=1" not in query):
             done.set()
 
     async def read(track):

@@ -11,6 +11,11 @@ track's frames, mixed down to mono, are handed over as bytes.  No resampling her
 back ~30 ms each way; it is used only should a decoder give another rate).  ``_Call`` is what ``_handle`` talks to
 in place of a websocket.
 
+The output audio buffer (the outbound track's queue) is reported as the API does on WebRTC alone:
+``output_audio_buffer.started`` when a response's audio first goes to the track, ``.stopped`` once the response is
+done and its audio has all gone out, ``.cleared`` when a barge-in or a cancel drops what is queued; the client's
+``output_audio_buffer.clear`` drops it too (the rest of that response's audio is not played).
+
 The handshake's checks are the websocket's: the rate per client address (``_Front``), the Origin (a browser's), the
 token (``Authorization: Bearer``, or ``?token=``), the session count; then the offer's size and type.  ICE gathers host
 candidates only (no STUN server); a server bound to a loopback address offers 127.0.0.1 alone.
@@ -25,6 +30,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from urllib.parse import parse_qs
 
 import aioice.ice
@@ -38,6 +44,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .chat import ApiError
+from .realtime.codec import IdSource
 
 log = logging.getLogger("wafervox.server")
 CALLS_PATH = "/v1/realtime/calls"
@@ -127,6 +134,8 @@ class OutputTrack(MediaStreamTrack):
         self._pts = 0
         self.dropped = 0  # bytes dropped over the limit
         self.sent = 0  # output samples that went out (answer audio, not the silence between)
+        #: called (on the event loop) when the last queued audio has gone out
+        self.on_drained: Callable[[], None] | None = None
 
     def feed(self, pcm: bytes) -> None:
         x = np.frombuffer(pcm, "<i2")
@@ -137,6 +146,10 @@ class OutputTrack(MediaStreamTrack):
             self.dropped += len(data)
             return
         self._buf += data
+
+    def queued(self) -> int:
+        """Bytes waiting to go out."""
+        return len(self._buf)
 
     def clear(self) -> None:
         """A cancelled answer stops sounding now (what is queued is not sent)."""
@@ -158,6 +171,8 @@ class OutputTrack(MediaStreamTrack):
         body = bytes(self._buf[:n]) + bytes(2 * FRAME - n)
         del self._buf[:n]
         self.sent += n // 2
+        if n and not self._buf and self.on_drained is not None:
+            self.on_drained()
         frame = av.AudioFrame.from_ndarray(np.frombuffer(body, "<i2").reshape(1, FRAME), format="s16", layout="mono")
         frame.sample_rate = RATE
         frame.pts = self._pts
@@ -186,6 +201,15 @@ class InputConverter:
                 self._rs, self._src = soxr.ResampleStream(src, self.rate, 1, dtype="int16"), src
             x = self._rs.resample_chunk(x)
         return x.astype("<i2", copy=False).tobytes()
+
+
+def _event_type(msg: str) -> str | None:
+    """A client event's ``type``, or None when the text is not a JSON object with one."""
+    try:
+        ev = json.loads(msg)
+    except ValueError:
+        return None
+    return ev.get("type") if isinstance(ev, dict) else None
 
 
 def _fixed_format(msg: str) -> str:
@@ -224,6 +248,13 @@ class _Call:
         self.close_code: int | None = None
         self.close_reason = ""
         self._tasks: set[asyncio.Task] = set()
+        # the output audio buffer (the track's queue), as the API's WebRTC events report it
+        self._ids = IdSource()
+        self._response: str | None = None  # the response whose audio the track is fed
+        self._playing = False  # output_audio_buffer.started sent, and neither stopped nor cleared yet
+        self._answered = False  # the response is done (completed): the buffer stops once drained
+        self._cut = False  # the response's audio was cleared: what still comes of it is dropped
+        self.track.on_drained = self._drained
         pc.on("datachannel", self._on_channel)
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_state)
@@ -236,7 +267,9 @@ class _Call:
 
         @channel.on("message")
         def on_message(msg) -> None:
-            if isinstance(msg, str):
+            if isinstance(msg, str) and '"output_audio_buffer.clear"' in msg and _event_type(msg) == "output_audio_buffer.clear":
+                self._clear()  # (the transport's own event: the session never sees it)
+            elif isinstance(msg, str):
                 self.inbox.put_nowait(_fixed_format(msg))
             else:  # (bytes here would be taken for audio by the session's raw path)
                 self._send_event({"type": "error", "error": {"type": "invalid_request_error", "code": "binary_not_supported",
@@ -306,15 +339,50 @@ class _Call:
         if self.closed:
             return
         if isinstance(frame, bytes):
+            if self._cut:
+                return  # the rest of an answer the client or a barge-in cut off
+            if self._response is not None and not self._playing:
+                self._playing = True
+                self._buffer_event("output_audio_buffer.started")
             self.track.feed(frame)
             return
         if self._own_update and '"session.updated"' in frame[:80]:
             self._own_update = False
             return
-        if '"response.done"' in frame[:60] and '"cancelled"' in frame:
-            self.track.clear()  # a barge-in or response.cancel: what is queued is not played
+        head = frame[:60]
+        if '"response.created"' in head:
+            self._response, self._playing, self._answered = json.loads(frame)["response"]["id"], False, False
+            self._cut = False
+        elif '"response.done"' in head and '"cancelled"' in frame:
+            self._clear()  # a barge-in or response.cancel: what is queued is not played
+        elif '"response.done"' in head:
+            self.pending.append(frame)
+            self._answered = True
+            if not self.track.queued():
+                self._drained()
+            self._flush()
+            return
         self.pending.append(frame)
         self._flush()
+
+    def _buffer_event(self, kind: str) -> None:
+        """``output_audio_buffer.started`` / ``.stopped`` / ``.cleared`` of the response whose audio the track plays
+        (the API's WebRTC-only events)."""
+        self._send_event({"type": kind, "event_id": self._ids("event_rtc"), "response_id": self._response})
+
+    def _clear(self) -> None:
+        """The track's queue dropped (a barge-in, a cancel, the client's ``output_audio_buffer.clear``)."""
+        self.track.clear()
+        self._cut = self._response is not None
+        if self._playing:
+            self._playing = False
+            self._buffer_event("output_audio_buffer.cleared")
+
+    def _drained(self) -> None:
+        """The last queued audio went out: the buffer has stopped once the response is done."""
+        if self._playing and self._answered:
+            self._playing = False
+            self._buffer_event("output_audio_buffer.stopped")
 
     async def close(self, code: int, reason: str) -> None:
         if self.closed:

@@ -27,9 +27,17 @@ NO_AUDIO_OFFER = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\nm=applicati
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
+def _count(events, kind: str) -> int:
+    return sum(e["type"] == kind for e in events)
+
+
 def test_webrtc_call_holds_a_spoken_turn(server):
     pcm, end_s, info = turn_pcm("morning", 0)
-    res = asyncio.run(asyncio.wait_for(webrtc_turn(server.base, pcm, end_s, token=TOKEN), 150))
+
+    def answered(events):  # the answer done, its figures, and its audio drained from the track
+        return all(_count(events, k) for k in ("response.done", "turn.latency", "output_audio_buffer.stopped"))
+
+    res = asyncio.run(asyncio.wait_for(webrtc_turn(server.base, pcm, end_s, token=TOKEN, until=answered), 150))
     types = [e["type"] for e in res["events"]]
     assert types[0] == "session.created", types[:5]
     assert res["location"] and res["location"].startswith("/v1/realtime/calls/"), res["location"]
@@ -49,6 +57,19 @@ def test_webrtc_call_holds_a_spoken_turn(server):
     assert words & set(info["text"].lower().replace("?", "").replace(",", "").split()), transcript
     done = next(e for e in res["events"] if e["type"] == "response.done")
     assert done["response"]["status"] == "completed", done
+    # the output audio buffer's events (WebRTC only): started with the answer's audio, stopped once it drained
+    rid = done["response"]["id"]
+    started, stopped = (next(e for e in res["events"] if e["type"] == k) for k in ("output_audio_buffer.started",
+                                                                                    "output_audio_buffer.stopped"))
+    assert started["response_id"] == rid == stopped["response_id"] and started["event_id"] != stopped["event_id"]
+    assert types.index("response.created") < types.index("output_audio_buffer.started") < types.index("response.done") \
+        < types.index("output_audio_buffer.stopped"), types
+    assert "output_audio_buffer.cleared" not in types
+    import pydantic
+    from openai.types.realtime import RealtimeServerEvent
+
+    for ev in (started, stopped):  # as the official SDK types them
+        pydantic.TypeAdapter(RealtimeServerEvent).validate_python({k: v for k, v in ev.items() if k != "_t"})
     reply = "".join(e.get("delta", "") for e in res["events"] if e["type"] == "response.output_audio_transcript.delta")
     assert reply.strip(), types
     # the answer's audio came back on the track, as Opus decoded by the peer
@@ -62,6 +83,56 @@ def test_webrtc_call_holds_a_spoken_turn(server):
             break
         asyncio.run(asyncio.sleep(0.1))
     assert not server.server._conns
+
+
+def test_webrtc_barge_in_clears_the_output_buffer_and_the_next_answer_plays(server):
+    """The barge-in recording as the microphone: the user asks, then cuts the answer off with a second question.  The
+    cut answer's response ends as the API says (cancelled, turn_detected) with ``output_audio_buffer.cleared``; the
+    second is answered and its buffer stops once drained."""
+    from voice.audio import read_wav, resample
+    from voice.replay import manifest
+
+    barge = manifest()["barge_in"]
+    x, src = read_wav(ROOT / "samples" / barge["file"])
+    pcm = np.concatenate([resample(x, src, 48000), np.zeros(6 * 48000, np.int16)])
+
+    def both(events):
+        return _count(events, "response.done") >= 2 and _count(events, "output_audio_buffer.stopped") >= 1
+
+    res = asyncio.run(asyncio.wait_for(webrtc_turn(server.base, pcm, barge["speech_end_s"], token=TOKEN, until=both), 150))
+    evs, types = res["events"], [e["type"] for e in res["events"]]
+    first, second = [e["response"] for e in evs if e["type"] == "response.done"][:2]
+    assert (first["status"], first["status_details"]["reason"]) == ("cancelled", "turn_detected"), first
+    assert second["status"] == "completed", second
+    [cleared] = [e for e in evs if e["type"] == "output_audio_buffer.cleared"]
+    assert cleared["response_id"] == first["id"]
+    cut = types.index("output_audio_buffer.cleared")
+    assert "input_audio_buffer.speech_started" in types[types.index("output_audio_buffer.started"):cut], types
+    [stopped] = [e for e in evs if e["type"] == "output_audio_buffer.stopped"]
+    assert stopped["response_id"] == second["id"]
+    heard = [e["transcript"] for e in evs if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert len(heard) == 2 and "owner" in heard[1].lower(), heard
+
+
+def test_webrtc_client_clears_the_output_buffer(server):
+    """``output_audio_buffer.clear`` from the client (after its ``response.cancel``, as the API asks) cuts the answer
+    on the track: ``output_audio_buffer.cleared`` for that response, and no ``stopped``."""
+    pcm, end_s, _ = turn_pcm("morning", 0)
+
+    def cut(ev, channel):
+        if ev["type"] == "output_audio_buffer.started":
+            channel.send('{"type": "response.cancel"}')
+            channel.send('{"type": "output_audio_buffer.clear"}')
+
+    def cleared(events):
+        return _count(events, "output_audio_buffer.cleared") and _count(events, "response.done")
+
+    res = asyncio.run(asyncio.wait_for(webrtc_turn(server.base, pcm, end_s, token=TOKEN, until=cleared, on_event=cut), 150))
+    evs, types = res["events"], [e["type"] for e in res["events"]]
+    started = next(e for e in evs if e["type"] == "output_audio_buffer.started")
+    [clear] = [e for e in evs if e["type"] == "output_audio_buffer.cleared"]
+    assert clear["response_id"] == started["response_id"]
+    assert "output_audio_buffer.stopped" not in types and not any(e["type"] == "error" for e in evs), types
 
 
 def _status(url: str, method: str = "POST", data: bytes | None = None, headers: dict | None = None) -> tuple[int, str]:
