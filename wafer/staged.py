@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from decode import cpu
 from decode.batching import forward_each
 from decode.model import Model, RunState
 
@@ -111,6 +112,7 @@ class StagedModel:
     def forward(self, s: StagedState, tokens, pos0: int) -> np.ndarray:
         """``decode.Model.forward``: the same logits, with ``s.sim`` advanced by the deployment's time."""
         tokens = self.inner.check_tokens(tokens, pos0)
+        cpu.fit()  # the calling thread's team: the cores other programs leave free (as Model.forward sizes it)
         m, n = self.inner, tokens.shape[0]
         if n == 1:  # a decode step: the stages' ranges in one go, timed as every single-token pass
             x = s.x[:1]

@@ -120,3 +120,38 @@ def test_batched_steps_advance_each_sequence_by_its_own_step(model):
         assert s.sim.now_s - b == pytest.approx(staged.cost.token_time(), rel=1e-12)
         assert int(np.argmax(o)) == int(np.argmax(ref))
         np.testing.assert_allclose(o, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+def test_a_staged_pass_sizes_the_calling_threads_team_to_the_free_cpu(model):
+    """``StagedModel.forward`` (what ``run`` and ``serve`` decode through) sizes the calling thread's numba team to the
+    process's CPU share before it computes, as ``Model.forward`` does: with a neighbour taking a core (the share pinned
+    at one thread here) a prompt and a decode step run on one thread, not on a team left at two."""
+    import threading
+
+    import numba
+
+    from decode import cpu
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one core: every team is one thread")
+    staged = _staged(model, None)
+    share = cpu.process_share()
+    before, seen = share.fixed, []
+
+    def run():
+        numba.set_num_threads(2)  # a team of two, as an earlier pass on this thread may have left it
+        s = staged.new_state()
+        staged.forward(s, [1, 2, 3], 0)
+        seen.append(numba.get_num_threads())
+        numba.set_num_threads(2)
+        staged.forward(s, [4], 3)
+        seen.append(numba.get_num_threads())
+
+    try:
+        share.pin(1)
+        t = threading.Thread(target=run)
+        t.start()
+        t.join(120)
+    finally:
+        share.pin(before)
+    assert seen == [1, 1]
