@@ -373,7 +373,7 @@ class _Call:
     def _clear(self) -> None:
         """The track's queue dropped (a barge-in, a cancel, the client's ``output_audio_buffer.clear``)."""
         self.track.clear()
-        self._cut = self._response is not None
+        self._cut = self._response is not None and not self._answered  # (a finished answer sends nothing more)
         if self._playing:
             self._playing = False
             self._buffer_event("output_audio_buffer.cleared")

@@ -77,8 +77,12 @@ def test_webrtc_call_holds_a_spoken_turn(server):
     assert audio["audible_frames"] >= 10 and audio["peak"] > 1000, audio
     assert res["client_v2v_ms"] is not None and 0 < res["client_v2v_ms"] < 10_000, res["client_v2v_ms"]
     assert res["report"] and res["report"]["latency_ms"]["voice_to_voice_ms"] is not None, res["report"]
-    # the call is over: its session is gone from the server
-    for _ in range(50):
+    _hung_up(server)
+
+
+def _hung_up(server) -> None:
+    """The call is over: its session is gone from the server (its teardown runs on the server's loop)."""
+    for _ in range(100):
         if not server.server._conns:
             break
         asyncio.run(asyncio.sleep(0.1))
@@ -112,6 +116,7 @@ def test_webrtc_barge_in_clears_the_output_buffer_and_the_next_answer_plays(serv
     assert stopped["response_id"] == second["id"]
     heard = [e["transcript"] for e in evs if e["type"] == "conversation.item.input_audio_transcription.completed"]
     assert len(heard) == 2 and "owner" in heard[1].lower(), heard
+    _hung_up(server)
 
 
 def test_webrtc_client_clears_the_output_buffer(server):
@@ -133,6 +138,7 @@ def test_webrtc_client_clears_the_output_buffer(server):
     [clear] = [e for e in evs if e["type"] == "output_audio_buffer.cleared"]
     assert clear["response_id"] == started["response_id"]
     assert "output_audio_buffer.stopped" not in types and not any(e["type"] == "error" for e in evs), types
+    _hung_up(server)
 
 
 def _status(url: str, method: str = "POST", data: bytes | None = None, headers: dict | None = None) -> tuple[int, str]:
