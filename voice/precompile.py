@@ -85,7 +85,8 @@ class Precompile:
             self.errors = (self.errors + [line.rstrip()])[-20:]
 
     def wait(self, stage: str, timeout: float = STAGE_TIMEOUT_S) -> bool:
-        """Block until the worker reports ``stage`` (or exits, or ``timeout`` passes); True when it reported it."""
+        """Block until the worker reports ``stage`` (or exits, or ``timeout`` passes); True when it reported it and has
+        not failed since."""
         self.done[stage].wait(timeout)
         return self.done[stage].is_set() and (self.proc.poll() is None or self.proc.returncode == 0)
 
