@@ -258,7 +258,7 @@ def band(names: list[str]) -> dict:
     from voice.clock import VirtualClock
     from voice.engines import load_engines
     from voice.loop import LoopConfig, VoiceLoop, run_stream
-    from voice.replay import SAMPLES, manifest
+    from voice.replay import SAMPLES, manifest, word_error_rate
 
     m = manifest()
     engines, _ = load_engines()
@@ -282,7 +282,7 @@ def band(names: list[str]) -> dict:
             loop.finish()
             for ref, rep in zip(refs, loop.reports):
                 n = len(ref.split())
-                errors += wer(ref, rep.transcript) * n
+                errors += word_error_rate(ref, rep.transcript) * n
                 words += n
                 transcripts.append(rep.transcript)
                 ms = rep.to_dict()["latency_ms"].get("endpoint_ms")
@@ -291,24 +291,6 @@ def band(names: list[str]) -> dict:
         out[label] = {"wer": errors / max(1, words), "endpoint_p50_ms": statistics.median(endpoint) if endpoint else None,
                       "turns": len(endpoint), "transcripts": transcripts}
     return out
-
-
-def edit_distance(a: list, b: list) -> int:
-    """Levenshtein distance: the fewest insertions, deletions and substitutions that turn ``a`` into ``b``."""
-    row = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, y in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
-    return row[-1]
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    """Word error rate: word edits over the reference's words, case and punctuation aside."""
-    import re
-
-    ref, hyp = (re.sub(r"[^a-z0-9' ]", " ", t.lower()).split() for t in (reference, hypothesis))
-    return edit_distance(ref, hyp) / max(1, len(ref))
 
 
 def q(values: list[float], p: float) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -29,6 +30,27 @@ def conversation_files(name: str = "default", samples: Path = SAMPLES) -> list[P
     if name not in convs:
         raise KeyError(f"no conversation {name!r} in the samples (have: {', '.join(convs)})")
     return [samples / f for f in convs[name]]
+
+
+def words(text: str) -> list[str]:
+    """A transcript's words as they are scored: lower case, punctuation (hyphens too) as spaces, apostrophes kept."""
+    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
+
+
+def edit_distance(a: list, b: list) -> int:
+    """Levenshtein distance: the fewest insertions, deletions and substitutions that turn ``a`` into ``b``."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """Word edits (``edit_distance`` of ``words``) over the reference's words."""
+    ref = words(reference)
+    return edit_distance(ref, words(hypothesis)) / max(1, len(ref))
 
 
 def play_conversation(engines: Engines, files, realtime: bool = True, config: LoopConfig | None = None,

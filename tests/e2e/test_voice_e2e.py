@@ -8,7 +8,6 @@ bench/turn.py.  Bar held: word error rate <= 0.15 over the whole set.
 
 from __future__ import annotations
 
-import re
 import statistics
 
 import pytest
@@ -16,23 +15,9 @@ from kinds import ENGINES, kind
 
 from voice.audio import BufferSink
 from voice.latency import STAGES
-from voice.replay import SAMPLES, manifest, play_conversation
+from voice.replay import SAMPLES, edit_distance, manifest, play_conversation, words
 
 WER_BAR = 0.15
-
-
-def words(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9' ]", " ", text.lower().replace("-", " ")).split()
-
-
-def edit_distance(a, b) -> int:
-    prev = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        cur = [i]
-        for j, y in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
-        prev = cur
-    return prev[-1]
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 from kinds import ENGINES, kind
@@ -11,23 +9,11 @@ from scipy.signal import resample_poly
 
 from voice.asr import FULL_WINDOW_S, Decoded, WhisperTranscriber, split_segments, window_for
 from voice.protocols import ASR_RATE
+from voice.replay import word_error_rate as wer
+from voice.replay import words
 from voice.tts import EspeakSynthesizer, PiperSynthesizer, make_synthesizer, parse_wav_header, split_voice
 
 QUESTION = "What time do you open tomorrow?"
-
-
-def words(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    ref, hyp = words(reference), words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1] / max(1, len(ref))
 
 
 def to_asr_audio(chunks: list[np.ndarray], rate: int) -> np.ndarray:

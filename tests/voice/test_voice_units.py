@@ -209,3 +209,13 @@ def test_input_buffer_manual_commits():
     buf.append(AudioChunk(np.zeros(800, np.int16), 16000, 0), keep_from=None)
     buf.mark_committed()  # an automatic turn used it
     assert buf.uncommitted_s == 0.0 and buf.take_uncommitted() is None
+
+
+def test_word_error_rate_counts_word_edits_over_the_reference():
+    from voice.replay import edit_distance, word_error_rate, words
+
+    assert words("Who's the owner-of Bright Bakery?") == ["who's", "the", "owner", "of", "bright", "bakery"]
+    assert edit_distance(list("kitten"), list("sitting")) == 3
+    assert word_error_rate("Who is the owner?", "who is the owner") == 0.0
+    assert word_error_rate("Who is the owner?", "to the owner") == 0.5  # one substitution, one deletion, of 4
+    assert word_error_rate("", "anything") == 1.0  # an insertion over no reference words counts against one
