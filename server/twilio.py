@@ -461,10 +461,10 @@ class TwilioCalls:
             if len(body) > MAX_VOICE_BODY:
                 return Response("request body too large\n", 413, media_type="text/plain")
         form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
-        secret = getattr(srv.opts, "twilio_auth_token", None)
+        secret = srv.opts.twilio_auth_token
         if secret:  # only Twilio, which knows the account's auth token, gets TwiML
             offered = request.headers.get("X-Twilio-Signature", "")
-            urls = signed_urls(getattr(srv.opts, "public_url", None), str(request.url), request.url.path, request.url.query)
+            urls = signed_urls(srv.opts.public_url, str(request.url), request.url.path, request.url.query)
             if not any(_same(offered, signature(secret, url, form)) for url in urls):
                 srv.metrics.rejected.labels("signature").inc()
                 return Response("missing or wrong X-Twilio-Signature (the request is not from Twilio, or --public-url is "
@@ -472,7 +472,7 @@ class TwilioCalls:
         params = {"token": token} if token else {}
         if form.get("CallSid"):
             params["callSid"] = form["CallSid"][0][:64]
-        url = stream_url(getattr(srv.opts, "public_url", None), request.headers.get("Host", "localhost"), request.url.scheme)
+        url = stream_url(srv.opts.public_url, request.headers.get("Host", "localhost"), request.url.scheme)
         return Response(twiml(url, params), 200, media_type="text/xml", headers={"Cache-Control": "no-store"})
 
     async def stream(self, websocket) -> None:

@@ -223,13 +223,13 @@ def test_the_voice_webhook_answers_with_twiml(server):
 
 
 def test_with_the_auth_token_only_a_signed_webhook_gets_twiml(shared):
-    from test_server import _Running
+    from running_server import Running
 
     from server.app import ServerOptions
 
     auth, body, form = "acct-auth-token", b"CallSid=CA1&From=%2B15550001", {"CallSid": ["CA1"], "From": ["+15550001"]}
     for public in (None, "https://voice.example.com"):
-        s = _Running(shared, ServerOptions(port=0, twilio_auth_token=auth, public_url=public))
+        s = Running(shared, ServerOptions(port=0, twilio_auth_token=auth, public_url=public))
         try:
             local = f"http://127.0.0.1:{s.port}{VOICE_PATH}"
             url = local if public is None else public + VOICE_PATH  # Twilio signs the URL it called
