@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -144,7 +144,9 @@ class RealtimeSession:
         failed = None
         try:
             self._write([self.proto.session_created()])  # first: messages sent meanwhile wait in the inbox
-            loop = VoiceLoop(self.shared.session(), sink=self, clock=RealClock(), config=self.loop_config, on_event=self._on_loop_event)
+            # the audio sent cannot be taken back (``clear_after``): speech over the answer is judged with it going on
+            config = replace(self.loop_config, interruption=replace(self.loop_config.interruption, hold_output=False))
+            loop = VoiceLoop(self.shared.session(), sink=self, clock=RealClock(), config=config, on_event=self._on_loop_event)
             self._trace = tracing.open_session(self.name, loop, "stream" if self.native else "realtime")
             self.voice.start(loop)
             while not self._closing.is_set():

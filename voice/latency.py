@@ -51,6 +51,7 @@ class TurnTrace:
     barge_in: bool = False
     end_of_turn: dict | None = None  # what ended the user's turn: score, rule, silence waited (voice.loop)
     forecast_ms: float | None = None  # voice-to-voice as forecast when a mitigation was last weighed (voice.mitigation)
+    overlaps: tuple[dict, ...] = ()  # speech over the answer that was no turn (voice.overlap)
 
     def mark(self, name: str, t: float, overwrite: bool = False) -> None:
         if name not in MARKS:
@@ -65,7 +66,8 @@ class TurnTrace:
     def report(self, simulated: dict | None = None) -> TurnReport:
         return TurnReport(turn=self.turn, transcript=self.transcript, reply=self.reply, budget_ms=self.budget_ms,
                           stamps=dict(self.stamps), mitigations=tuple(self.mitigations), barge_in=self.barge_in,
-                          simulated=simulated, end_of_turn=self.end_of_turn, forecast_ms=self.forecast_ms)
+                          simulated=simulated, end_of_turn=self.end_of_turn, forecast_ms=self.forecast_ms,
+                          overlaps=self.overlaps)
 
 
 #: Each figure of ``TurnReport.latency_ms`` (``STAGES`` and ``TEXT_STAGES``) -> the two marks it runs between.
@@ -122,6 +124,9 @@ class TurnReport:
     #: voice-to-voice as forecast (ms) the last time the loop weighed degrading the turn (``voice.mitigation``); the
     #: steps taken are in ``mitigations``; None: never weighed (a typed turn, or mitigation off)
     forecast_ms: float | None = None
+    #: speech over the answer judged no turn, in order: ``kind`` ("backchannel", "noise"), ``text``, ``speech_start_s``,
+    #: ``paused_ms`` (how long the voice paused while it was judged); an interruption is ``barge_in`` instead
+    overlaps: tuple[dict, ...] = ()
 
     @property
     def work_ms(self) -> dict[str, float | None]:
@@ -169,6 +174,7 @@ class TurnReport:
             "mitigation": self.mitigation,
             "forecast_ms": None if self.forecast_ms is None else round(self.forecast_ms, 1),
             "barge_in": self.barge_in,
+            "overlaps": list(self.overlaps),
             "simulated": self.simulated,
         }
 

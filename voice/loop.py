@@ -41,6 +41,7 @@ from .loop_config import LoopConfig
 from .loop_events import BargeIn, IdleTimeout, LoopEvent, TurnEnded, UserSpeechStarted, UserSpeechStopped
 from .mitigation import ORDER as MITIGATION_ORDER
 from .mitigation import Mitigation
+from .overlap import OverlapPolicy, Verdict
 from .playout import Playout
 from .protocols import ASR_RATE, Clock, Conversation, Sink, Synthesizer, Transcriber
 from .reply import IDLE_PROMPT, ReplyPump
@@ -72,7 +73,7 @@ class Engines:
     turn_end: TurnEndScorer | None = None
 
 
-class VoiceLoop(Speculation, ReplyPump):
+class VoiceLoop(Speculation, ReplyPump, OverlapPolicy):
     def __init__(self, engines: Engines, sink: Sink, clock: Clock, config: LoopConfig | None = None,
                  on_report: Callable[[TurnReport], None] | None = None,
                  on_partial: Callable[[str], None] | None = None,
@@ -105,6 +106,7 @@ class VoiceLoop(Speculation, ReplyPump):
         self._prepare = False  # idle work pending: prefill the next turn's context
         self._stop_ms: int | None = None  # an end-of-turn decision to hand to the endpointer after the piece of work
         self._idle_from = clock.now()  # the idle timeout counts from here (the last answer's end, or the last speech)
+        self._overlap_init()  # speech over the answer, judged (voice.overlap)
 
     def _emit(self, event: LoopEvent) -> None:
         if self.on_event is not None:
@@ -180,6 +182,8 @@ class VoiceLoop(Speculation, ReplyPump):
             if isinstance(ev, SpeechStopped):
                 self._ignoring = False
             return
+        if self._overlap_event(ev, now):
+            return
         match ev:
             case SpeechStarted():
                 self._speech_started(ev, now, bool(busy))
@@ -197,6 +201,8 @@ class VoiceLoop(Speculation, ReplyPump):
 
     def _speech_started(self, ev: SpeechStarted, now: float, busy: bool) -> None:
         self._idle_from = now
+        if busy and self._overlap_opens(ev, now):  # over the answer: judged before it is stopped (voice.overlap)
+            return
         self._emit(UserSpeechStarted(first_voiced_sample=ev.first_voiced_sample, barge_in=busy))  # before the answer is cut
         if busy:
             self._barge_in(ev, now)
@@ -229,7 +235,9 @@ class VoiceLoop(Speculation, ReplyPump):
     def _restart_vad(self, ecfg: EndpointerConfig | None = None) -> None:
         self.vad = Endpointer(ecfg or self.cfg.endpointer)
         self._vad_offset = self.input.end_sample
-        self._ignoring = False
+        self._ignoring = self._judged = False
+        if self._overlap is not None:  # the speech over the answer is gone with the input: the answer goes on
+            self._overlap_resumes(self._overlap, Verdict.NOISE, self.clock.now())
         self._drop_spec()
         if self._task is None:
             self._trace = None
@@ -298,7 +306,7 @@ class VoiceLoop(Speculation, ReplyPump):
     def has_work(self) -> bool:
         now = self.clock.now()
         idle = self._idle_deadline()
-        return (self._prepare_due() or any(r is not None and r.ready(now) for r in (self._task, self._spec))
+        return (self._prepare_due() or self._overlap_wake() or any(r is not None and r.ready(now) for r in (self._task, self._spec))
                 or idle is not None and now >= idle)
 
     def wake_at(self) -> float | None:
@@ -334,6 +342,9 @@ class VoiceLoop(Speculation, ReplyPump):
         idle, prefill the context the next turn will start with.  Either way, look at the time
         (an acknowledgement due, an answer played out)."""
         now = self.clock.now()
+        if self._overlap_step(now):  # speech over the answer waits for its verdict first
+            self._housekeeping()
+            return True
         for r in (self._task, self._spec):
             if r is not None and r.ready(now):
                 try:
@@ -372,7 +383,7 @@ class VoiceLoop(Speculation, ReplyPump):
                 self.sink.play(t, self.e.ack_pcm)
                 tr.mark("first_audio", t)
                 tr.mitigate("ack")
-        if r.finished and now >= self.playout.cursor:
+        if r.finished and now >= self.playout.cursor and self._overlap is None:
             if not r.answered:
                 self.turns.fire(TurnEvent.NO_ANSWER)
             else:
@@ -389,6 +400,8 @@ class VoiceLoop(Speculation, ReplyPump):
         tr.reply = spoken
         tr.end_of_turn = self._end_of_turn_info(r, tr)
         tr.forecast_ms = r.forecast_ms
+        tr.overlaps = tuple(self._overlaps)
+        self._overlap_reset()
         # the steps that changed the turn, in their fixed order after the others (speculative, cancelled)
         taken = set(r.used) | set(tr.mitigations)
         tr.mitigations = [m for m in tr.mitigations if m not in MITIGATION_ORDER] + [m for m in MITIGATION_ORDER if m in taken]
@@ -419,9 +432,11 @@ class VoiceLoop(Speculation, ReplyPump):
 
     def _barge_in(self, ev: SpeechStarted, now: float) -> None:
         """The user speaks over the answer: stop the audio, keep what was heard."""
-        self.barge_ins.append(BargeIn(speech_s=self.audio_time(ev.first_voiced_sample), detected_s=self.audio_time(ev.sample),
-                                      stopped_s=now))
+        self._barge_in_record(ev.first_voiced_sample, ev.sample, now)
         self._interrupt(now, "turn_detected")
+
+    def _barge_in_record(self, first_voiced: int, detected: int, stopped_s: float) -> None:
+        self.barge_ins.append(BargeIn(speech_s=self.audio_time(first_voiced), detected_s=self.audio_time(detected), stopped_s=stopped_s))
 
     def _interrupt(self, now: float, reason: str) -> None:
         r = self._task

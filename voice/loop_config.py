@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .mitigation import MitigationConfig
+from .overlap import InterruptionConfig
 from .turn_end import TurnEndPolicy
 from .vad import EndpointerConfig
 
@@ -41,6 +42,8 @@ class LoopConfig:
     endpointer: EndpointerConfig = field(default_factory=lambda: EndpointerConfig(pause_ms=90, early_pause_ms=90))
     turn_detection: bool = True  # False: turns end only by ``commit_input()`` (the VAD still runs, for bounds)
     barge_in: bool = True  # speech over the answer interrupts it (False: speech while speaking is ignored)
+    #: how speech over a playing answer is judged before it interrupts (``voice.overlap``: pause, decide on the words)
+    interruption: InterruptionConfig = field(default_factory=InterruptionConfig)
     #: a detected turn is answered (False: it is only transcribed; the adapter asks for the answer, as a Realtime
     #: client does with ``create_response: false`` and ``response.create``)
     create_response: bool = True

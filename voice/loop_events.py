@@ -17,7 +17,8 @@ from .protocols import FunctionCallPiece
 
 @dataclass(frozen=True, slots=True)
 class UserSpeechStarted:
-    """The user began to speak; ``barge_in``: over the agent's answer, which is stopped right after this event."""
+    """The user began to speak; ``barge_in``: over the agent's answer, which is stopped right after this event (speech
+    over a playing answer is judged first, ``voice.overlap``: this comes when it was judged an interruption)."""
 
     first_voiced_sample: int
     barge_in: bool
@@ -76,6 +77,27 @@ class IdleTimeout:
 
 
 @dataclass(frozen=True, slots=True)
+class OutputPaused:
+    """The user's speech started over the answer (from ``first_voiced_sample``): the voice paused at ``at_s`` (``ducked``:
+    went on quieter) while the loop judges it (``voice.overlap``); ``OutputResumed`` or an interruption
+    (``UserSpeechStarted(barge_in=True)``, then ``TurnEnded``) follows."""
+
+    first_voiced_sample: int
+    at_s: float
+    ducked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OutputResumed:
+    """The speech over the answer was no turn (``kind``: "backchannel" or "noise"; ``text``: what it said): the answer goes
+    on from where it paused."""
+
+    at_s: float
+    kind: str
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class TurnEnded:
     """The turn is over.  ``spoken``: what the user heard of the answer ("" for a turn without words); ``reason``: None
     when the answer played out (or there was none), else why it was stopped ("turn_detected" for a barge-in,
@@ -95,7 +117,7 @@ class TurnEnded:
 
 
 LoopEvent = (UserSpeechStarted | UserSpeechStopped | TranscriptFinal | ResponseStarted | PhraseStarted | FunctionCallDelta
-             | IdleTimeout | TurnEnded)
+             | IdleTimeout | OutputPaused | OutputResumed | TurnEnded)
 
 
 @dataclass(frozen=True, slots=True)

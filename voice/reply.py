@@ -256,6 +256,8 @@ class ReplyPump:
     def _play(self, r: Response, index: int, pcm: np.ndarray | None) -> None:
         """Phrase ``index``'s audio ``pcm`` to the sink, the phrases up to it announced first; ``pcm`` None: a text-only
         answer's phrase, handed out now with no audio (its first one is the answer's ``answer_text`` stamp)."""
+        if self._overlap_holds(r, index, pcm):  # speech over the answer is being judged: kept until then
+            return
         first = not r.answered
         announced = []
         while r.announced <= index:
@@ -275,6 +277,7 @@ class ReplyPump:
         for i, text in announced:
             self._emit(PhraseStarted(index=i, text=text, start_s=t))
         self.sink.play(t, pcm)
+        self._overlap_played(t, pcm)
         if first:
             self._trace.mark("answer_audio", t)
             self._trace.mark("first_audio", t)

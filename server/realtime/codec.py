@@ -462,6 +462,12 @@ class ProtocolSession:
     def session_latency(self, summary: dict) -> E.ServerEvent:
         return self.build("session.latency", summary=summary)
 
+    def output_paused(self, audio_start_ms: int) -> E.ServerEvent:
+        return self.build("output_audio.paused", audio_start_ms=int(audio_start_ms))
+
+    def output_resumed(self, kind: str, text: str) -> E.ServerEvent:
+        return self.build("output_audio.resumed", kind=kind, text=text)
+
 
 def _part(words: str, text: bool) -> dict:
     """A ``response.content_part.*`` part: audio with its transcript, or (``text``) text."""

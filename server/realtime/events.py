@@ -197,6 +197,10 @@ SERVER_EVENTS: dict[str, tuple[str, ...]] = {
     "error": ("error",),  # RealtimeError: type, code, message, param, event_id (the client's)
     "turn.latency": ("report",),  # our extension: one turn's report, exactly TurnReport.to_dict()
     "session.latency": ("summary",),  # our extension: the session's latency summary
+    # our extension: the user's speech over the answer is being judged (voice.overlap) from audio_start_ms; it ends as
+    # an interruption (input_audio_buffer.speech_started, then the response cancelled) or as output_audio.resumed
+    "output_audio.paused": ("audio_start_ms",),
+    "output_audio.resumed": ("kind", "text"),  # our extension: it was no turn ("backchannel", "noise"); the answer goes on
 }
 
 

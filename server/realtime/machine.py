@@ -410,6 +410,16 @@ class RealtimeConversation:
         self._speech_start = ev.first_voiced_sample
         self._emit(self.proto.speech_started(_ms(ev.first_voiced_sample), self._user_item))
 
+    def _on_output_paused(self, ev: L.OutputPaused) -> None:
+        """Speech over the answer is judged: nothing on the Realtime wire (``speech_started`` comes only for an
+        interruption, so a client stops its audio only then); a client of our extensions hears of it."""
+        if self.extensions:
+            self._emit(self.proto.output_paused(_ms(ev.first_voiced_sample)))
+
+    def _on_output_resumed(self, ev: L.OutputResumed) -> None:
+        if self.extensions:
+            self._emit(self.proto.output_resumed(ev.kind, ev.text))
+
     def _on_speech_stopped(self, ev: L.UserSpeechStopped) -> None:
         item = self._user_item or self.proto.new_item_id()
         if self.voice.turn_detection:

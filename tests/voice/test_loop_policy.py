@@ -32,6 +32,7 @@ from voice.loop_events import (
     UserSpeechStarted,
     UserSpeechStopped,
 )
+from voice.overlap import InterruptionConfig
 from voice.playout import Playout
 from voice.protocols import ASR_RATE, FunctionCallPiece, Transcript
 from voice.turns import TurnState
@@ -423,8 +424,8 @@ def _answering_scene(config: LoopConfig | None = None) -> Scene:
     return s
 
 
-def test_speech_over_the_answer_stops_it_and_keeps_what_was_heard():
-    s = _answering_scene()
+def test_speech_over_the_answer_stops_it_at_once_in_immediate_mode_and_keeps_what_was_heard():
+    s = _answering_scene(LoopConfig(interruption=InterruptionConfig(mode="immediate")))
     n = len(s.events)
     s.at(42400, SpeechStarted(sample=42400, first_voiced_sample=40000))  # 2.65 s: half of "We open at nine." played
     first, second = s.events[n:]
