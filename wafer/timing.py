@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .placement import Placement, PlacementError, place
-from .specs import Hardware, ModelShape, load_model
+from .specs import Hardware, ModelShape, load_model, precision_label
 
 #: Tokens in a decode step.
 _ONE = 1
@@ -47,11 +47,16 @@ class CostModel:
     def hop_time(self, tokens: int = _ONE) -> float:
         raise NotImplementedError
 
-    def prefill_time(self, tokens: int) -> float:
-        """Compute-bound prompt processing of ``tokens`` new tokens, excluding the last token's pass."""
+    def prefill_time(self, tokens: int, past: int = 0) -> float:
+        """Processing a prompt of ``tokens`` new tokens after ``past`` cached ones, up to its first
+        token out (the last prompt token's pass included)."""
         raise NotImplementedError
 
     def collective_time(self, layer: int) -> float:
+        return 0.0
+
+    def carry_time(self, stage, tokens: int = _ONE) -> float:
+        """The share of the previous unit's last layer that ``stage`` also runs (a split layer)."""
         return 0.0
 
     # -- derived ----------------------------------------------------------------------------------
@@ -62,13 +67,19 @@ class CostModel:
         if key not in memo:
             s = self.placement.stages[stage]
             t = sum(self.layer_time(i, tokens) + self.collective_time(i) for i in s.layers)
+            t += self.carry_time(s, tokens) if s.carry_share else 0.0
             memo[key] = t + (self.head_time() if s.has_head else 0.0)
         return memo[key]
 
+    def pass_time(self, tokens: int = _ONE) -> float:
+        """One pass of ``tokens`` tokens through every unit and hop (a decode step at 1, the
+        verification of a speculative draft at k + 1)."""
+        n = self.placement.n_units
+        return sum(self.stage_time(k, tokens) for k in range(n)) + (n - 1) * self.hop_time(tokens)
+
     def token_time(self) -> float:
         """Latency of one decode step for one sequence."""
-        n = self.placement.n_units
-        return sum(self.stage_time(k) for k in range(n)) + (n - 1) * self.hop_time()
+        return self.pass_time(_ONE)
 
     def throughput(self, sequences: int) -> Throughput:
         t = self.token_time()
@@ -76,9 +87,9 @@ class CostModel:
         period = max(t, sequences * bottleneck)
         return Throughput(sequences, period, 1 / period, sequences / period)
 
-    def ttft(self, prompt_tokens: int) -> float:
-        """Time to first token for a prompt of ``prompt_tokens`` new tokens."""
-        return self.prefill_time(max(0, prompt_tokens - 1)) + self.token_time()
+    def ttft(self, prompt_tokens: int, past: int = 0) -> float:
+        """Time to first token for a prompt of ``prompt_tokens`` new tokens after ``past`` cached ones."""
+        return self.prefill_time(max(1, prompt_tokens), past)
 
 
 # -- wafers ---------------------------------------------------------------------------------------
@@ -97,7 +108,8 @@ def calibrate(hw: Hardware) -> WaferCalibration:
     p = place(model, hw, cal.units, context=1, bytes_per_param=cal.bytes_per_param)
     n = p.n_units
     hop = hw["hop_latency_s"] + model.d_model * 2 / hw["hop_bw"]
-    reads = sum(_stage_read(p, k) * (p.stages[k].n_layers + p.stages[k].has_head) for k in range(n))
+    reads = sum(_stage_read(p, k) * (p.stages[k].n_layers + p.stages[k].has_head + (p.stages[k].carry_share > 0))
+                for k in range(n))
     layers = model.n_layers + 1  # the head costs one layer-equivalent
     tau = (1 / cal.tok_s - (n - 1) * hop - reads) / layers
     if tau <= 0:
@@ -112,21 +124,44 @@ def _stage_read(p: Placement, k: int) -> float:
     return s.weight_bytes / p.hardware["memory_bw"]
 
 
+#: prompt chunk sizes a wafer pipeline may be filled with (the fastest is taken)
+PREFILL_CHUNKS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
 class WaferCost(CostModel):
+    """Per-layer latency plus the unit's SRAM read for each layer; a chunk of ``tokens`` adds its
+    FLOPs at the wafer's prefill efficiency (all of the wafer's cores work on the chunk's layers)."""
+
     def __init__(self, placement: Placement, calibration: WaferCalibration | None = None):
         self.placement = p = placement
         hw = p.hardware
         self.cal = calibration or calibrate(hw)
         self.tau = self.cal.tau_ref_s * (p.model.d_model / self.cal.d_ref) ** hw["width_exponent"]
         self._read = [_stage_read(p, k) for k in range(p.n_units)]
+        self._flops = hw["flops_16bit"] * hw["prefill_mfu"]
+        self.past = 0  # tokens already cached when a chunk is processed (prefill_time sets it)
+
+    def _share(self, layer: int, share: float, tokens: int) -> float:
+        """FLOP time of ``share`` of layer ``layer``'s divisible part (its experts or MLP) for ``tokens`` tokens."""
+        m = self.placement.model
+        fixed, each, n = m.layer_parts(layer)
+        div = m.experts_per_token * each if n else m.mlp_matrices * m.d_model * m.d_ff
+        return 2 * div * share * tokens / self._flops
 
     def layer_time(self, layer: int, tokens: int = _ONE) -> float:
         """The layer's latency; a prompt chunk of ``tokens`` adds the compute of the others."""
-        t = self.tau + self._read[self.placement.stage_of(layer).index]
+        st = self.placement.stage_of(layer)
+        t = self.tau + self._read[st.index]
         if tokens > 1:
-            hw = self.placement.hardware
-            t += 2 * self.placement.model.layer_active_params(layer) * (tokens - 1) / (hw["flops_16bit"] * hw["prefill_mfu"])
+            m = self.placement.model
+            t += (m.layer_prefill_flops(layer, tokens, self.past) - 2 * m.layer_active_params(layer)) / self._flops
+            if st.stop - 1 == layer and st.last_share < 1:  # the rest of its experts run on the next unit
+                t -= self._share(layer, 1 - st.last_share, tokens - 1)
         return t
+
+    def carry_time(self, stage, tokens: int = _ONE) -> float:
+        t = self.tau + self._read[stage.index]
+        return t + (self._share(stage.first - 1, stage.carry_share, tokens - 1) if tokens > 1 else 0.0)
 
     def head_time(self) -> float:
         return self.tau + self._read[-1]
@@ -135,9 +170,23 @@ class WaferCost(CostModel):
         hw = self.placement.hardware
         return hw["hop_latency_s"] + tokens * self.placement.model.d_model * 2 / hw["hop_bw"]
 
-    def prefill_time(self, tokens: int) -> float:
-        hw, m = self.placement.hardware, self.placement.model
-        return 2 * m.active_params * tokens / (hw["flops_16bit"] * hw["prefill_mfu"])
+    def prefill_time(self, tokens: int, past: int = 0) -> float:
+        """The pipeline filled with prompt chunks: the first chunk crosses every unit, each further
+        one leaves one slowest-stage time later; the chunk size that finishes first is taken."""
+        best = None
+        n = self.placement.n_units
+        for c in sorted({min(tokens, c) for c in PREFILL_CHUNKS}):
+            chunks = -(-tokens // c)
+            self.past = past + (tokens - c) // 2  # a chunk's attention sees the average prefix
+            self.__dict__.pop("_stage_memo", None)
+            try:
+                stage = [self.stage_time(k, c) for k in range(n)]
+                t = sum(stage) + (n - 1) * self.hop_time(c) + (chunks - 1) * max(max(stage), self.hop_time(c))
+            finally:
+                self.past = 0
+                self.__dict__.pop("_stage_memo", None)
+            best = t if best is None else min(best, t)
+        return best
 
 
 # -- GPUs -----------------------------------------------------------------------------------------
@@ -154,16 +203,15 @@ class GPUCost(CostModel):
         self.bw = hw["memory_bw"] * hw["hbm_efficiency"]
 
     def _layer_read_bytes(self, i: int) -> float:
-        m, bpp = self.placement.model, self.placement.bytes_per_param
-        if bpp is None:  # the sizes stored in a model file (a dense model)
-            return m.layer_active_bytes(i, bpp)
-        return m.layer_batch_params(i, self.batch) * bpp
+        return self.placement.model.layer_batch_bytes(i, self.batch, self.placement.bytes_per_param)
 
     def layer_time(self, layer: int, tokens: int = _ONE) -> float:
+        """A step of ``batch`` sequences with ``tokens`` tokens each: the weights they touch (the
+        union of their experts) and their KV caches read once, or their FLOPs, whichever is slower."""
         m, hw = self.placement.model, self.placement.hardware
-        kv = self.batch * self.context_used * m.kv_bytes_per_token()
+        kv = self.batch * m.layer_kv_bytes(layer, self.context_used)
         mem = (self._layer_read_bytes(layer) + kv) / self.tp / self.bw
-        flops = 2 * self.batch * tokens * m.layer_active_params(layer) / self.tp / (hw["flops_16bit"] * hw["prefill_mfu"])
+        flops = self.batch * m.layer_prefill_flops(layer, tokens, self.context_used) / self.tp / (hw["flops_16bit"] * hw["prefill_mfu"])
         return max(mem, flops)
 
     def head_time(self) -> float:
@@ -183,10 +231,14 @@ class GPUCost(CostModel):
     def hop_time(self, tokens: int = _ONE) -> float:
         return self.placement.hardware["internode_latency_s"]
 
-    def prefill_time(self, tokens: int) -> float:
+    def prefill_time(self, tokens: int, past: int = 0) -> float:
+        """Compute-bound: the FLOPs (weights and attention) of all but the last prompt token over
+        every GPU at the prefill efficiency (collectives assumed overlapped), then the last
+        token's pass as a decode step."""
         hw, m = self.placement.hardware, self.placement.model
         gpus = self.tp * self.placement.n_units
-        return 2 * m.active_params * tokens / (gpus * hw["flops_16bit"] * hw["prefill_mfu"])
+        rest = m.prefill_flops(tokens - 1, past) if tokens > 1 else 0.0
+        return rest / (gpus * hw["flops_16bit"] * hw["prefill_mfu"]) + self.token_time()
 
     def throughput(self, sequences: int) -> Throughput:
         if self.batch > 1:  # a batched step serves `batch` sequences at once
@@ -207,10 +259,10 @@ def place_gpus(model: ModelShape, hw: Hardware, gpus: int | None, *, context: in
             raise PlacementError(f"{g} GPUs do not split into nodes of {node}")
         try:
             return place(model, hw, g // tp, context=context, sequences=sequences, bytes_per_param=bytes_per_param,
-                         capacity=hw.usable_bytes * tp), tp
+                         capacity=hw.usable_bytes * tp, split=False), tp
         except PlacementError:
             continue
-    bits = f"{bytes_per_param * 8:g}-bit"
+    bits = precision_label(bytes_per_param)
     need = model.weight_bytes(bytes_per_param) / hw.usable_bytes
     raise PlacementError(f"{model.name} at {bits} with KV for {context} tokens x {sequences} sequences does not fit on "
                          f"{gpus or candidates[-1]} {hw.name} GPUs ({hw.usable_bytes / 1e9:.0f} GB usable each; the weights "
@@ -233,7 +285,7 @@ class CPUCost(CostModel):
 
     def layer_time(self, layer: int, tokens: int = _ONE) -> float:
         hw, m = self.placement.hardware, self.placement.model
-        kv = 2 * self.context_used * m.n_kv_heads * m.head_dim * 4  # float32 K and V
+        kv = m.layer_kv_bytes(layer, self.context_used, 4.0)  # float32 K and V
         t = ((self.placement.model.layer_bytes(layer, self.placement.bytes_per_param) + kv) / hw["gemv_bw"]
              + self.PARALLEL_CALLS * hw["call_overhead_s"] + self.SERIAL_CALLS * hw["serial_call_s"])
         if tokens > 1:  # a prompt chunk: the matrix-matrix kernels are compute-bound
@@ -247,8 +299,9 @@ class CPUCost(CostModel):
     def hop_time(self, tokens: int = _ONE) -> float:
         return self.placement.hardware["hop_latency_s"]
 
-    def prefill_time(self, tokens: int) -> float:
-        return 2 * self.placement.model.active_params * tokens / self.placement.hardware["flops_16bit"]
+    def prefill_time(self, tokens: int, past: int = 0) -> float:
+        rest = self.placement.model.prefill_flops(tokens - 1, past) if tokens > 1 else 0.0
+        return rest / self.placement.hardware["flops_16bit"] + self.token_time()
 
 
 def cost_model(placement: Placement, tp: int = 1, batch: int = 1, context_used: int | None = None) -> CostModel:
@@ -262,12 +315,18 @@ def cost_model(placement: Placement, tp: int = 1, batch: int = 1, context_used: 
 
 # -- speculative decoding -------------------------------------------------------------------------
 
+def expected_tokens(k: int, accept: float) -> float:
+    """Tokens one draft-and-verify cycle yields when each of ``k`` drafted tokens is kept with
+    chance ``accept`` until the first miss, plus the target's own token: (1 - a^(k+1)) / (1 - a)."""
+    if not 0 <= accept <= 1:
+        raise ValueError("acceptance rate must be in [0, 1]")
+    return k + 1.0 if accept == 1 else (1 - accept ** (k + 1)) / (1 - accept)
+
+
 def speculative_tok_s(target: CostModel, draft: CostModel, k: int, accept: float) -> float:
-    """Tokens/s of one sequence when a draft proposes ``k`` tokens and the target checks them in
-    one pass (latency-bound, so the check costs about one decode step); ``accept`` is the chance
-    each drafted token is kept."""
+    """Tokens/s of one sequence when a draft proposes ``k`` tokens (``k`` draft steps) and the
+    target checks them in one pass over ``k + 1`` tokens; ``accept`` is the chance each drafted
+    token is kept."""
     if not 0 <= accept < 1:
         raise ValueError("acceptance rate must be in [0, 1)")
-    expected = (1 - accept ** (k + 1)) / (1 - accept)
-    return expected / (k * draft.token_time() + target.token_time())
-
+    return expected_tokens(k, accept) / (k * draft.token_time() + target.pass_time(k + 1))
