@@ -265,7 +265,7 @@ class OverlapPolicy:
         if self.cfg.interruption.mode is Mode.DUCK:
             gain = self.cfg.interruption.duck_gain
             t = now
-            for phrase, pcm in ov.held:
+            for _, pcm in ov.held:
                 self.sink.play(t, (pcm.astype(np.float32) * gain).astype(np.int16))
                 t += len(pcm) / rate
 

@@ -7,10 +7,13 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from .audio import BufferSink, chunks, read_wav, resample
+import numpy as np
+
+from .audio import AudioChunk, BufferSink, chunks, read_wav, resample
 from .clock import RealClock, VirtualClock
 from .latency import TurnReport
-from .loop import Engines, LoopConfig, VoiceLoop, run_stream
+from .loop import Engines, LoopConfig, VoiceLoop, run_stream, run_until
+from .loop_events import LoopEvent, PhraseStarted
 from .protocols import ASR_RATE
 
 #: The bundled recordings and their manifest (the ``samples`` package's data, wherever it is installed).
@@ -68,3 +71,30 @@ def play_conversation(engines: Engines, files, realtime: bool = True, config: Lo
         run_stream(loop, chunks(pcm, ASR_RATE, chunk_ms))
     loop.finish()
     return loop.reports, loop
+
+
+def play_overlap(engines: Engines, question: Path, sound: Path, after_s: float = 0.6, config: LoopConfig | None = None,
+                 chunk_ms: int = 20, max_wait_s: float = 10.0) -> tuple[VoiceLoop, list[LoopEvent], float]:
+    """Ask ``question``; ``after_s`` after the answer's first audio starts, make ``sound`` over the answer (a
+    backchannel, a cough, an interruption: ``samples/overlap``), then let the loop finish.  On the virtual clock (the
+    engines' compute time charged to it).  Returns the loop, its events and the input time at which ``sound`` began."""
+    events: list[LoopEvent] = []
+    loop = VoiceLoop(engines, BufferSink(engines.tts.sample_rate), VirtualClock(), config, on_event=events.append)
+    pcm, rate = read_wav(question)
+    run_stream(loop, chunks(resample(pcm, rate, ASR_RATE), ASR_RATE, chunk_ms), drain=False)
+    n = ASR_RATE * chunk_ms // 1000
+    silence = np.zeros(n, np.int16)
+    end = loop.input_time + max_wait_s
+    while loop.input_time < end:
+        start = next((e.start_s for e in events if isinstance(e, PhraseStarted)), None)
+        if start is not None and loop.input_time >= start + after_s:
+            break
+        run_until(loop, loop.input_time + n / ASR_RATE)
+        loop.feed(AudioChunk(silence, ASR_RATE, 0))
+    else:
+        raise RuntimeError(f"no answer to {question.name} within {max_wait_s:g} s")
+    at = loop.input_time
+    pcm, rate = read_wav(sound)
+    run_stream(loop, chunks(resample(pcm, rate, ASR_RATE), ASR_RATE, chunk_ms), drain=False)
+    loop.finish()
+    return loop, events, at

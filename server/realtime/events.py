@@ -204,6 +204,10 @@ SERVER_EVENTS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: the server events that are ours, not the Realtime API's (only a client that asked for our extensions gets them)
+EXTENSION_EVENTS = frozenset({"turn.latency", "session.latency", "output_audio.paused", "output_audio.resumed"})
+
+
 @dataclass(frozen=True, slots=True)
 class ServerEvent:
     """One server event: ``type`` (a key of ``SERVER_EVENTS``), our ``event_id``, and ``data``, its fields in

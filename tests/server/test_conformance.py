@@ -15,8 +15,10 @@ from openai.types import realtime as rt
 from test_protocol import _extras
 from test_server import TOKEN, b64, pcm_at, run, turn_file, turn_info
 
+from server.realtime.events import EXTENSION_EVENTS
+
 STRICT = pydantic.TypeAdapter(rt.RealtimeServerEvent)
-EXTENSIONS = {"turn.latency", "session.latency"}
+EXTENSIONS = EXTENSION_EVENTS
 
 
 class StrictClient:

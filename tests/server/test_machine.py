@@ -14,6 +14,7 @@ from openai.types import realtime as rt
 
 from server import realtime as P
 from server.realtime import events as E
+from server.realtime.events import EXTENSION_EVENTS
 from server.realtime.machine import (
     HANDLERS,
     INPUTS,
@@ -122,7 +123,7 @@ class Scene:
     def _sent(self, out: list) -> list:
         self.wire += out
         for ev in out:
-            if self.validate and not isinstance(ev, AudioOut) and ev.type not in ("turn.latency", "session.latency"):
+            if self.validate and not isinstance(ev, AudioOut) and ev.type not in EXTENSION_EVENTS:
                 SERVER_EVENT.validate_python(json.loads(ev.to_json()))
         return out
 

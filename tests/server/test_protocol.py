@@ -20,6 +20,7 @@ from openai.types.realtime.response_create_event_param import ResponseCreateEven
 from openai.types.realtime.session_update_event_param import SessionUpdateEventParam
 
 from server import realtime as P
+from server.realtime.events import EXTENSION_EVENTS
 from voice.latency import TurnTrace, summarize
 
 OPENAI_MODELS = {
@@ -121,7 +122,7 @@ def test_every_server_event_validates_with_openai_models():
               proto.text_done("resp_4", "item_x", "Noon."), proto.content_part_done("resp_4", "item_x", "Noon.", text=True),
               proto.output_item_done("resp_4", text), proto.response_done("resp_4", None, output=[text], modalities=["text"])]
     covered = {validate(ev).type for ev in evs + items}
-    assert covered == set(OPENAI_MODELS) == set(P.SERVER_EVENTS) - {"turn.latency", "session.latency"}  # less our extensions
+    assert covered == set(OPENAI_MODELS) == set(P.SERVER_EVENTS) - EXTENSION_EVENTS  # less our extensions
     failed = validate(items[-7]).response
     assert failed.status == "failed" and failed.status_details.error.code == "llm_backend_failed"
     assert validate(items[-9]).response.output[0].type == "function_call"

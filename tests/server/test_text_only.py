@@ -14,7 +14,9 @@ import websockets
 from test_conformance import STRICT, _extras
 from test_server import TOKEN, b64, pcm_at, run, turn_file, turn_info
 
-EXTENSIONS = {"turn.latency", "session.latency"}
+from server.realtime.events import EXTENSION_EVENTS
+
+EXTENSIONS = EXTENSION_EVENTS
 
 
 @pytest.fixture
