@@ -7,7 +7,8 @@ while the answer plays (``TurnState.SPEAKING``), the loop does not stop the answ
   and kept) or goes on quieter (``"duck"``), so a real interruption is not talked over while it is judged;
 - the overlapping audio is transcribed when the user goes quiet (the endpointer's ``Pause``), and while the user goes on,
   once ``min_speech_ms`` of it are there and then every ``check_ms``;
-- ``judge`` decides: words that are not a backchannel (``min_words`` of them) make it an interruption; only backchannel
+- ``judge`` decides: words that are not a backchannel (``min_words`` of them, one more while the user goes on) make it
+  an interruption; only backchannel
   words, or no words at all (a cough, a knock), and the user quiet again: the answer resumes where it paused, and the
   history keeps all of it; sound that goes on past ``max_speech_ms`` (``max_backchannel_ms`` when its words are all
   backchannel) is an interruption whatever it says.  Decided within a bounded time: at the user's pause, or at the
@@ -46,6 +47,9 @@ BACKCHANNELS = frozenset({
     "all right", "uh huh", "mm hmm", "oh okay", "i know", "of course",
 })
 _PAIRS = frozenset(b for b in BACKCHANNELS if " " in b)
+#: a hum or a vowel sound however Whisper spells it ("mm-m", "m-h-m", "mmhmm", "uh-uh", "uh-oh", "ah-ha"): no word
+_SYLLABLE = r"(?:[mhn]+|uh|um|ah|oh|ooh|ha|huh|eh)"
+_VOCAL = re.compile(rf"{_SYLLABLE}(?:-{_SYLLABLE})*")
 _NON_SPEECH = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # Whisper's "(coughing)", "[BLANK_AUDIO]", "*knock*"
 
 
@@ -91,7 +95,7 @@ def content_words(text: str) -> list[str]:
         if i + 1 < len(ws) and f"{ws[i]} {ws[i + 1]}" in _PAIRS:
             i += 2
             continue
-        if ws[i] not in BACKCHANNELS:
+        if ws[i] not in BACKCHANNELS and not _VOCAL.fullmatch(ws[i]):
             out.append(ws[i])
         i += 1
     return out
@@ -107,7 +111,9 @@ class Verdict(Enum):
 def judge(text: str | None, speech_ms: float, quiet: bool, cfg: InterruptionConfig) -> Verdict:
     """The decision on an overlap from its transcript so far (None: not transcribed yet), how long it has sounded, and
     whether the user is quiet now."""
-    if text is not None and len(content_words(text)) >= cfg.min_words:
+    # while the user goes on, the words heard so far are a part cut anywhere ("yeah" heard at 0.5 s as "here"): one
+    # word more is asked of them than of a whole one
+    if text is not None and len(content_words(text)) >= cfg.min_words + (not quiet):
         return Verdict.INTERRUPT
     said = bool(text is not None and words(text))
     if speech_ms >= (cfg.max_backchannel_ms if said else cfg.max_speech_ms):

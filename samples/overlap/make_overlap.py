@@ -5,11 +5,12 @@ Run from the repository root:
     .venv/bin/python samples/overlap/make_overlap.py
 
 Backchannels and interruptions are spoken by espeak-ng voices that no other sample and no tuning uses (``en-us+m7``,
-``en-gb-x-rp+f2``, ``en-029``); the cough and the knock are made here (a shaped noise burst, a few damped resonances),
-since no package ships such recordings.  Every file is 16 kHz mono PCM16: 50 ms of silence, the sound, 50 ms of
-silence.  ``cases.json`` lists each case: its file, the kind of sound, the expected outcome ("resume": the answer goes
-on, no turn; "interrupt": the answer stops and the speech is answered) and, for speech, the text.  Output is
-deterministic (espeak-ng is; the noises use fixed seeds).
+``en-gb-x-rp+f2``, ``en-029``; espeak-ng hums poorly: its "mm-hmm" is taken from the voice that makes it a hum,
+Whisper hears the others' as words, "in the", "and then then"); the cough and the knock are made here (a shaped noise
+burst, a few damped resonances), since no package ships such recordings. Every file is 16 kHz mono PCM16: 50 ms of
+silence, the sound, 50 ms of silence. ``cases.json`` lists each case: its file, the kind of sound, the expected
+outcome ("resume": the answer goes on, no turn; "interrupt": the answer stops and the speech is answered) and, for speech, the text.
+Output is deterministic (espeak-ng is; the noises use fixed seeds).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ LEAD = int(0.05 * RATE)
 SPOKEN = [
     ("uh_huh", "uh-huh", "en-us+m7", 150, "resume"),
     ("yeah", "yeah", "en-gb-x-rp+f2", 160, "resume"),
-    ("mm_hmm", "mm-hmm", "en-029", 140, "resume"),
+    ("mm_hmm", "mm-hmm", "en-gb-x-rp+f2", 140, "resume"),
     ("okay", "okay", "en-us+m7", 170, "resume"),
     ("right", "right", "en-gb-x-rp+f2", 150, "resume"),
     ("stop", "Stop.", "en-us+m7", 160, "interrupt"),

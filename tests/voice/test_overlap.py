@@ -31,7 +31,8 @@ def _scene(*overlap_texts, config: LoopConfig | None = None) -> Scene:
 @pytest.mark.parametrize("text, words", [
     ("Uh-huh.", []), ("Mm-hmm.", []), ("Yeah, right.", []), ("OK. Got it.", []), ("All right", []), ("(coughing)", []),
     ("[BLANK_AUDIO]", []), ("Stop.", ["stop"]), ("Yeah, but when do you close?", ["but", "when", "do", "you", "close"]),
-    ("No.", ["no"]), ("Wait", ["wait"]),
+    ("No.", ["no"]), ("Wait", ["wait"]), ("Mm-m", []), ("M-H-M", []), ("MMMHMM", []), ("Uh-uh.", []), ("Ah, ooh.", []),
+    ("Hmm, what about Monday?", ["what", "about", "monday"]), ("Hummus", ["hummus"]), ("Him.", ["him"]),
 ])
 def test_content_words_leave_out_backchannels_and_non_speech(text, words):
     assert content_words(text) == words
@@ -43,6 +44,8 @@ def test_content_words_leave_out_backchannels_and_non_speech(text, words):
     ("", 300, True, Verdict.NOISE),  # a cough: no words
     ("Stop.", 350, True, Verdict.INTERRUPT),  # one word of content is enough
     ("Wait, when", 500, False, Verdict.INTERRUPT),  # going on, and already words
+    ("Here", 500, False, Verdict.WAIT),  # going on: one word may be a part misheard ("yeah" cut short)
+    ("Here", 450, True, Verdict.INTERRUPT),  # ... the whole of it: one word is enough
     ("", 600, False, Verdict.WAIT),  # sound without words, not yet long
     ("", 1000, False, Verdict.INTERRUPT),  # ... long: a turn whatever it is
     ("Yeah yeah okay", 1500, False, Verdict.WAIT),  # backchannel words get longer
