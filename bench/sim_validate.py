@@ -3,7 +3,8 @@
     .venv/bin/python bench/sim_validate.py [--rounds 5] [--tokens 64] [--json FILE]
 
 1. The validation table (wafer/validate.py): each published result, the model's prediction and
-   the error; one calibration point per wafer system, the rest predicted.
+   the error, by kind: one calibration point per wafer system (fitted), predictions (checked, not
+   fitted), placements, and context rows (shown, never counted as a pass).
 2. ``local-cpu``: the timing model built from micro-measurements of the decode kernels (fresh,
    not cached) predicts the decode core's tokens/s for SmolLM2-135M; measured here with
    ``decode.Generator``; measurement and decode alternate round by round, medians of each,
@@ -30,15 +31,21 @@ QUESTIONS = ["When do you open on Sunday?", "How much is a croissant?", "Tell me
 
 
 def validation() -> list[dict]:
-    from wafer.validate import table
+    from wafer.validate import KINDS, table
 
     rows = [r.to_dict() for r in table()]
     print("1. predicted vs published")
-    print(f"   {'case':46} {'published':>10} {'predicted':>10} {'unit':9} {'error':>8} {'tol':>5}  ok")
-    for r in rows:
-        tol = "-" if r["tolerance"] is None else f"{r['tolerance']:.0%}"
-        print(f"   {r['name']:46} {r['published']:>10,.1f} {r['predicted']:>10,.1f} {r['unit']:9} {r['error']:>+8.1%} {tol:>5}  "
-              f"{'yes' if r['ok'] else 'NO'}   [{r['kind']}]")
+    for kind in KINDS:
+        part = [r for r in rows if r["kind"] == kind]
+        if not part:
+            continue
+        print(f"   -- {kind}")
+        print(f"   {'case':56} {'published':>10} {'predicted':>10} {'unit':9} {'error':>8} {'tol':>6}  ok")
+        for r in part:
+            tol = "fitted" if kind == "calibration" else ("-" if r["tolerance"] is None else f"{r['tolerance']:.0%}")
+            ok = "n/a" if r["ok"] is None else ("yes" if r["ok"] else "NO")
+            print(f"   {r['name']:56} {r['published']:>10,.1f} {r['predicted']:>10,.1f} {r['unit']:9} {r['error']:>+8.1%} {tol:>6}  "
+                  f"{ok}")
     return rows
 
 
@@ -123,7 +130,7 @@ def main() -> int:
            "pipeline": pipeline(max(1, args.rounds // 2), args.tokens // 2)}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
-    ok = (all(r["ok"] for r in out["validation"]) and out["local_cpu"]["within_20pct"]
+    ok = (all(r["ok"] for r in out["validation"] if r["checked"]) and out["local_cpu"]["within_20pct"]
           and all(r["identical_tokens"] for r in out["pipeline"]))
     print(f"\n{'all within tolerance' if ok else 'SOME FIGURES OUTSIDE TOLERANCE'}")
     return 0 if ok else 1

@@ -1,8 +1,8 @@
 """Deployments (``MODEL@HARDWARExN``) and what a voice turn costs on one.
 
 ``Deployment.parse("llama-3.1-70b@cs3x4")`` names a model, a system and a unit count (wafers or
-GPUs; omitted = as few as fit), optionally the weight precision (``...@h200x16:8bit``; default
-16) and, for GPUs, the serving batch (``...,batch=64``; default 1, or ``STANDARD_BATCH`` when read as
+GPUs; omitted = as few as fit), optionally the weight precision (``...@h200x16:8bit``, or
+``:native`` for the checkpoint's own format such as gpt-oss's MXFP4 experts; default 16) and, for GPUs, the serving batch (``...,batch=64``; default 1, or ``STANDARD_BATCH`` when read as
 a serving deployment: the way GPU clusters serve many users per step).
 
 ``voice_to_voice_s`` is the one formula for what a turn's listener waits, following the loop's
@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 from .placement import Placement, place
-from .specs import CatalogueError, Hardware, ModelShape, load_hardware, load_model, shape_from_gguf
+from .specs import CatalogueError, Hardware, ModelShape, Precision, load_hardware, load_model, shape_from_gguf
 from .timing import CostModel, GPUCost, cost_model, place_gpus, speculative_tok_s
 
 #: KV tokens a decode step reads on a GPU: a voice conversation's typical length so far (the
@@ -34,7 +34,7 @@ STANDARD_BATCH = 64
 DEFAULT_HARDWARE = "wse3"
 
 _SPEC = re.compile(r"^\s*([A-Za-z0-9._-]+)\s*@\s*([A-Za-z0-9._-]+?)(?:\s*[x×]\s*(\d+|auto))?"
-                   r"(?:\s*:\s*(4|8|16)-?bits?)?(?:\s*,\s*batch\s*=\s*(\d+))?\s*$")
+                   r"(?:\s*:\s*(4|8|16|native)(?:-?bits?)?)?(?:\s*,\s*batch\s*=\s*(\d+))?\s*$")
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,11 @@ class Deployment:
         units = None if m.group(3) in (None, "auto") else int(m.group(3))
         if units is not None and units < 1:
             raise CatalogueError(f"'{text}': the unit count must be at least 1")
-        if m.group(4):
+        if m.group(4) == "native":
+            if model.native is None:
+                raise CatalogueError(f"'{text}': {model.name} has no native format in the catalogue (give :16bit, :8bit or :4bit)")
+            kw["bytes_per_param"] = model.native
+        elif m.group(4):
             kw["bytes_per_param"] = int(m.group(4)) / 8
         elif model.file_bytes is not None and "bytes_per_param" not in kw:
             kw["bytes_per_param"] = None  # the model file's own sizes
@@ -87,7 +91,10 @@ class Deployment:
     def label(self, placement: Placement, cost: CostModel) -> str:
         """The name with the unit count it was built with (``smollm2-135m@wse3x1``, ``...:8bit,batch=64``)."""
         units = placement.n_units * getattr(cost, "tp", 1)
-        bits = "" if self.bytes_per_param in (None, 2.0) else f":{self.bytes_per_param * 8:g}bit"
+        if isinstance(self.bytes_per_param, Precision):
+            bits = ":native"
+        else:
+            bits = "" if self.bytes_per_param in (None, 2.0) else f":{self.bytes_per_param * 8:g}bit"
         batch = f",batch={self.batch}" if self.hardware.kind == "gpu" else ""
         return f"{self.model.name}@{self.hardware.name}x{units}{bits}{batch}"
 
@@ -95,7 +102,7 @@ class Deployment:
         """Placement and cost model (raises ``PlacementError`` when it cannot fit)."""
         if self.hardware.kind == "gpu":
             p, tp = place_gpus(self.model, self.hardware, self.units, context=self.context, sequences=max(self.sequences, self.batch),
-                               bytes_per_param=self.bytes_per_param or 2.0)
+                               bytes_per_param=2.0 if self.bytes_per_param is None else self.bytes_per_param)
             return p, GPUCost(p, tp, self.batch, context_used=min(self.context, CONTEXT_IN_USE))
         p = place(self.model, self.hardware, self.units, context=self.context, sequences=self.sequences,
                   bytes_per_param=self.bytes_per_param)
@@ -188,9 +195,12 @@ def simulated_turn(deployment: str, token_s: float, stamps: dict, llm: dict, bud
     }
 
 
-def speculative(dep: Deployment, draft: str, k: int, accept: float) -> float:
-    """Per-user tokens/s of ``dep`` with a draft model on its own units of the same hardware."""
-    _, target = dep.build()
-    d = Deployment(load_model(draft), dep.hardware, None, dep.bytes_per_param, dep.context)
-    _, dcost = d.build()
-    return speculative_tok_s(target, dcost, k, accept)
+def speculative(dep: Deployment, draft: str, k: int | None = None, accept: float | None = None) -> float:
+    """Per-user tokens/s of ``dep`` with speculative decoding: ``draft`` names a draft model on its
+    own units of the same hardware, or ``eagle`` for an EAGLE-style head; ``k`` and ``accept``
+    default to the published pair's (``wafer.speculation``)."""
+    from .speculation import speculate
+
+    if draft == "eagle":
+        return speculate(dep, "eagle", None, k, accept).tok_s
+    return speculate(dep, "draft", draft, k, accept).tok_s

@@ -1,5 +1,5 @@
-"""Pictures of the simulator: the pipeline timeline (a Gantt of stages and hops for a few tokens)
-and tokens/s against the number of units."""
+"""Pictures of the simulator: the pipeline timeline (a Gantt of stages and hops for a few tokens),
+tokens/s against the number of units, and a plan's units against the callers they hold."""
 
 from __future__ import annotations
 
@@ -58,6 +58,23 @@ def sim_figure(tl: Timeline, gantt_title: str, points, scaling_title: str, path)
     fig, (a, b) = plt.subplots(2, 1, figsize=(10, 8), gridspec_kw={"height_ratios": [3, 2]})
     gantt(a, tl, gantt_title)
     scaling(b, points, scaling_title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plan_figure(curves, title: str, path) -> None:
+    """``curves``: (system, [(callers, units or None)]) per system: the smallest deployment's units."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for j, (name, pts) in enumerate(curves):
+        xs = [n for n, u in pts if u is not None]
+        ax.plot(xs, [u for _, u in pts if u is not None], "o-", color=_COLOURS[j % len(_COLOURS)], label=name)
+    ax.set_xlabel("concurrent voice callers")
+    ax.set_ylabel("units (wafers or GPUs) of the smallest deployment")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -186,7 +186,7 @@ class ModelShape:
     def attention_kind(self) -> str:
         kind = "multi-head latent" if self.is_mla else ("grouped-query" if self.n_kv_heads < self.n_heads else "multi-head")
         if self.sliding_window:
-            every = f", every {self.full_attention_every}th layer full" if self.full_attention_every else ""
+            every = f", one layer in {self.full_attention_every} full" if self.full_attention_every else ""
             kind += f", {self.sliding_window}-token windows{every}"
         return kind
 

@@ -6,7 +6,7 @@ import json
 
 from .common import CLIError
 
-BITS = {"16": 2.0, "8": 1.0, "4": 0.5}
+BITS = {"16": 2.0, "8": 1.0, "4": 0.5, "native": None}
 
 
 def add_parser(sub) -> None:
@@ -14,23 +14,48 @@ def add_parser(sub) -> None:
         "sim", help="what a token and a voice turn cost on N wafers or on a GPU cluster",
         description="Place a model on simulated wafers (or GPUs), predict per-token latency, tokens/s per user "
                     "and aggregate, time to first token, and the verdict for a typical voice turn against 500 ms. "
-                    "Wafers are calibrated once on a published point; --validate prints predicted vs published.")
-    s.add_argument("--model", default=None, help="model shape (see --list; default llama-3.1-70b, with --compare frontier-moe)")
-    s.add_argument("--hardware", default="wse3", help="system: wse3 (cs3), wse2, h100, h200, b200, a100, local-cpu")
+                    "Wafers are calibrated once on a published point; --validate prints predicted vs published "
+                    "(calibration, prediction, placement and context rows apart). --plan finds, per system, the "
+                    "smallest deployment that keeps N concurrent voice callers inside the budget, and its hourly cost.")
+    s.add_argument("--model", default=None, help="model shape (see --list; default llama-3.1-70b, with --compare frontier-moe); "
+                                                 "with --list, that model's numbers, sources and wafers needed")
+    s.add_argument("--hardware", default=None,
+                   help="system: wse3 (cs3), wse2, h100, h200, b200, a100, gh200, local-cpu (default wse3); with --plan a "
+                        "comma-separated list (default wse3,h100,h200,b200)")
     s.add_argument("--wafers", "--units", "--gpus", dest="units", default="auto", metavar="N|auto",
                    help="how many wafers (or GPUs); auto = as few as hold the model (default)")
     s.add_argument("--context", type=int, default=8192, help="KV-cache context per sequence in tokens (default 8192)")
     s.add_argument("--sequences", type=int, default=1, help="sequences in flight through the pipeline (default 1)")
-    s.add_argument("--bits", choices=tuple(BITS), default="16", help="weight precision (default 16)")
+    s.add_argument("--bits", choices=tuple(BITS), default="16",
+                   help="weight precision (default 16); native = the checkpoint's own format (gpt-oss: MXFP4 experts, "
+                        "DeepSeek-V3: FP8)")
     s.add_argument("--batch", type=int, default=1, help="GPU serving batch per step (default 1)")
     s.add_argument("--prompt-tokens", type=int, default=512, help="prompt length for the time to first token (default 512)")
-    s.add_argument("--speculative", metavar="DRAFT:K:ACCEPT",
-                   help="speculative decoding with a draft model, e.g. llama-3.1-8b:4:0.7")
+    s.add_argument("--speculative", metavar="DRAFT[:K[:ACCEPT]]",
+                   help="speculative decoding: DRAFT is eagle (an EAGLE-style head on the target's units) or a draft "
+                        "model (e.g. llama-3.1-8b, on its own units); K drafted tokens and the per-token ACCEPT rate "
+                        "default to the published acceptance length for the pair (wafer/data/speculation.toml); "
+                        "the target verifies K+1 tokens per cycle")
     s.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a hardware parameter (e.g. hop_latency_s=5e-6); repeatable")
     s.add_argument("--compare", action="store_true",
                    help="the seeds' question: one frontier model, standard GPU serving vs. the wafer pipeline")
-    s.add_argument("--validate", action="store_true", help="print the validation table (predicted vs published)")
+    s.add_argument("--validate", action="store_true",
+                   help="print the validation table (predicted vs published); every row has a kind: calibration "
+                        "(fitted), prediction (checked, not fitted), placement, context (shown, never counted as a pass)")
+    s.add_argument("--plan", action="store_true",
+                   help="the smallest deployment per system (--hardware) for --callers concurrent voice callers inside "
+                        "--budget-ms at p95 voice-to-voice, its per-caller rate and cost per hour (price_per_hour in the "
+                        "hardware file; --set price_per_hour=X); --plot draws callers vs units")
+    s.add_argument("--callers", type=int, default=None, metavar="N", help="concurrent voice callers for --plan")
+    s.add_argument("--budget-ms", type=float, default=None, help="voice-to-voice budget for --plan (default 500)")
+    s.add_argument("--asr-ms", type=float, default=None, help="ASR time per turn for --plan (default: this machine's, 75)")
+    s.add_argument("--tts-ms", type=float, default=None, help="TTS time to first audio for --plan (default: this machine's, 62)")
+    s.add_argument("--answer-tokens", type=int, default=60, help="tokens of one spoken answer for --plan (default 60)")
+    s.add_argument("--turn-period", type=float, default=10.0, metavar="S",
+                   help="seconds between a caller's turns for --plan (default 10)")
+    s.add_argument("--caller-context", type=int, default=4096,
+                   help="KV tokens each caller keeps resident for --plan (persona, tools, history; default 4096)")
     s.add_argument("--list", action="store_true", help="list the catalogued models and systems")
     s.add_argument("--run", type=int, nargs="?", const=32, metavar="TOKENS",
                    help="also run the real model (smollm2-135m only) through WaferPipeline on this placement, one "
@@ -63,27 +88,42 @@ def _deployment(args):
     units = args.units.strip().lower()
     if units != "auto" and (not units.isdigit() or int(units) < 1):
         raise CLIError(f"--wafers {args.units}: expected a positive number or 'auto'")
-    hw = load_hardware(args.hardware).with_overrides(_overrides(args.set))
-    dep = Deployment.parse(f"{args.model or 'llama-3.1-70b'}@{args.hardware}")
+    name = args.hardware or "wse3"
+    hw = load_hardware(name).with_overrides(_overrides(args.set))
+    dep = Deployment.parse(f"{args.model or 'llama-3.1-70b'}@{name}")
     kw = dict(units=None if units == "auto" else int(units), context=args.context, sequences=args.sequences,
               batch=args.batch)
-    kw["bytes_per_param"] = dep.bytes_per_param if dep.bytes_per_param is None and args.bits == "16" else BITS[args.bits]
+    kw["bytes_per_param"] = _bits(args, dep.model) if not (dep.bytes_per_param is None and args.bits == "16") else None
     return type(dep)(dep.model, hw, **kw)
 
 
-def _spec_rate(args, dep) -> float | None:
+def _bits(args, model):
+    if args.bits != "native":
+        return BITS[args.bits]
+    if model.native is None:
+        raise CLIError(f"--bits native: {model.name} has no native format in the catalogue (use 16, 8 or 4)")
+    return model.native
+
+
+def _speculation(args, dep):
+    """The speculation asked for (``wafer.speculation.Speculation``), or None."""
     if not args.speculative:
         return None
-    from wafer.deploy import speculative
+    from wafer.speculation import speculate
 
+    parts = args.speculative.split(":")
     try:
-        draft, k, acc = args.speculative.split(":")
-        k, acc = int(k), float(acc)
+        if len(parts) > 3 or not parts[0]:
+            raise ValueError
+        k = int(parts[1]) if len(parts) > 1 else None
+        acc = float(parts[2]) if len(parts) > 2 else None
     except ValueError:
-        raise CLIError(f"--speculative {args.speculative}: expected DRAFT:K:ACCEPT, e.g. llama-3.1-8b:4:0.7") from None
-    if k < 1 or not 0 <= acc < 1:
+        raise CLIError(f"--speculative {args.speculative}: expected DRAFT[:K[:ACCEPT]], e.g. eagle, eagle:5, "
+                       "llama-3.1-8b:4:0.7") from None
+    if (k is not None and k < 1) or (acc is not None and not 0 <= acc < 1):
         raise CLIError(f"--speculative {args.speculative}: K must be >= 1 and ACCEPT in [0, 1)")
-    return speculative(dep, draft, k, acc)  # an unknown draft model is reported by the catalogue
+    method = "eagle" if parts[0].lower() == "eagle" else "draft"
+    return speculate(dep, method, None if method == "eagle" else parts[0], k, acc)  # an unknown draft is the catalogue's error
 
 
 def _gb(b: float) -> str:
@@ -111,6 +151,8 @@ def run(args) -> int:
     from wafer.specs import CatalogueError
 
     try:
+        if args.plan or args.callers is not None:
+            return _plan(args)
         if args.list:
             return _list(args)
         if args.validate:
@@ -125,6 +167,8 @@ def run(args) -> int:
 def _list(args) -> int:
     from wafer.specs import hardware_names, model_names
 
+    if args.model:
+        return _describe(args)
     if args.json:
         print(json.dumps({"models": model_names(), "hardware": hardware_names()}))
     else:
@@ -139,12 +183,14 @@ def _one(args) -> int:
 
     from wafer.deploy import project_turn
     from wafer.pipeline import simulate
+    from wafer.specs import precision_label
 
     dep = _deployment(args)
     placement, cost = dep.build()
     t_tok = cost.token_time()
     thr = cost.throughput(args.sequences)
-    spec = _spec_rate(args, dep)
+    speculation = _speculation(args, dep)
+    spec = speculation.tok_s if speculation else None
     ttft = cost.ttft(args.prompt_tokens)
     hw = dep.hardware
     unit = "GPU" if hw.kind == "gpu" else ("stage" if hw.kind == "cpu" else "wafer")
@@ -157,7 +203,9 @@ def _one(args) -> int:
         "placement": placement.to_dict()["stages"], "token_ms": t_tok * 1e3, "per_user_tok_s": 1 / t_tok,
         "sequences": args.sequences, "period_ms": thr.period_s * 1e3, "aggregate_tok_s": thr.aggregate_tok_s,
         "per_user_tok_s_at_sequences": thr.per_user_tok_s, "ttft_ms": ttft * 1e3, "prompt_tokens": args.prompt_tokens,
-        "speculative_tok_s": spec, "voice_turn": proj.to_dict(),
+        "speculative_tok_s": spec, "speculation": speculation.to_dict() if speculation else None,
+        "voice_turn": proj.to_dict(), "precision": precision_label(dep.bytes_per_param),
+        "kv_per_sequence_bytes": dep.model.kv_bytes_per_sequence(args.context) if dep.model.file_bytes is None else None,
         "assumptions": {k: p.value for k, p in hw.params.items() if p.assumption},
     }
     run = _run_pipeline(args, placement, cost) if args.run else None
@@ -183,7 +231,7 @@ def _one(args) -> int:
     con = Console(width=max(100, Console().width))
     n_units = placement.n_units * getattr(cost, "tp", 1)
     con.print(f"[bold]{dep.model.title}[/bold] on [bold]{n_units} x {hw.title}[/bold]"
-              f"  ({'model file sizes' if dep.bytes_per_param is None else f'{dep.bytes_per_param * 8:g}-bit weights'},"
+              f"  ({precision_label(dep.bytes_per_param)} weights,"
               f" context {args.context}, {args.sequences} sequence(s) in flight"
               + (f", tensor parallel {cost.tp}, batch {cost.batch}" if hw.kind == "gpu" else "") + ")")
     t = Table(title="placement", title_justify="left")
@@ -201,8 +249,15 @@ def _one(args) -> int:
               + (f"; hop {cost.hop_time() * 1e6:.1f} µs" if placement.n_units > 1 else ""))
     con.print(f"{args.sequences} sequence(s) in flight: {thr.aggregate_tok_s:,.0f} tok/s aggregate, "
               f"{thr.per_user_tok_s:,.0f} tok/s each")
-    if spec:
-        con.print(f"with speculative decoding ({args.speculative}): {spec:,.0f} tok/s per user")
+    if speculation:
+        sp = speculation
+        con.print(f"with speculative decoding ({sp.draft}, k={sp.k}, acceptance {sp.accept:.2f} per token -> "
+                  f"{sp.tokens_per_cycle:.2f} tokens per cycle): draft {sp.draft_s * 1e3:.3f} ms/token, verify {sp.k + 1} "
+                  f"tokens {sp.verify_s * 1e3:.3f} ms -> {sp.tok_s:,.0f} tok/s per user ({sp.speedup:.2f}x)")
+        con.print(f"[dim]acceptance: {sp.source}[/dim]")
+    if dep.model.file_bytes is None:
+        con.print(f"memory per caller (KV for {args.context} tokens, {dep.model.attention_kind} attention): "
+                  f"{_gb(dep.model.kv_bytes_per_sequence(args.context))} GB")
     con.print(f"time to first token for {args.prompt_tokens} prompt tokens: {ttft * 1e3:.1f} ms")
     con.print(f"voice turn (ASR/TTS as measured here, LLM as modelled): first phrase {proj.first_phrase_ms:.0f} ms, "
               f"voice-to-voice {proj.voice_to_voice_ms:.0f} ms -> [bold]{proj.verdict}[/bold] ({proj.budget_ms:.0f} ms); "
@@ -251,20 +306,151 @@ def _validate(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from wafer.validate import table
+    from wafer.validate import KINDS, all_ok, table
 
     rows = table()
     if args.json:
-        print(json.dumps({"validation": [r.to_dict() for r in rows]}))
-        return 0 if all(r.ok for r in rows) else 1
-    t = Table(title="predicted vs published", title_justify="left")
-    for col in ("case", "published", "predicted", "unit", "error", "tolerance", "ok", "kind"):
-        t.add_column(col, justify="left" if col in ("case", "kind") else "right")
-    for r in rows:
-        t.add_row(r.name, f"{r.published:,.1f}", f"{r.predicted:,.1f}", r.unit, f"{r.error:+.1%}",
-                  "-" if r.tolerance is None else f"{r.tolerance:.0%}", "yes" if r.ok else "NO", r.kind)
-    Console(width=max(130, Console().width)).print(t)
-    return 0 if all(r.ok for r in rows) else 1
+        print(json.dumps({"validation": [r.to_dict() for r in rows], "all_checked_ok": all_ok(rows)}))
+        return 0 if all_ok(rows) else 1
+    con = Console(width=max(130, Console().width))
+    titles = {"calibration": "fitted: the one calibration point per wafer system",
+              "prediction": "predicted, not fitted (checked against the tolerance)",
+              "placement": "placement (checked)", "context": "context: shown, not checked (ok n/a, never a pass)"}
+    for kind in KINDS:
+        part = [r for r in rows if r.kind == kind]
+        if not part:
+            continue
+        t = Table(title=titles[kind], title_justify="left")
+        for col in ("case", "published", "predicted", "unit", "error", "tolerance", "ok", "kind", "assumptions"):
+            t.add_column(col, justify="left" if col in ("case", "kind", "assumptions") else "right")
+        for r in part:
+            t.add_row(r.name, f"{r.published:,.1f}", f"{r.predicted:,.1f}", r.unit, f"{r.error:+.1%}",
+                      "fitted" if kind == "calibration" else ("-" if r.tolerance is None else f"{r.tolerance:.0%}"),
+                      r.status, r.kind, r.assumptions)
+        con.print(t)
+    return 0 if all_ok(rows) else 1
+
+
+def _describe(args) -> int:
+    """``--list --model M``: the shape as catalogued, where each number comes from, and what it needs."""
+    from wafer.placement import place
+    from wafer.specs import load_hardware, load_model, precision_label
+
+    m = load_model(args.model)
+    cs3 = load_hardware(args.hardware or "wse3").with_overrides(_overrides(args.set))
+    precisions = [("16-bit", 2.0)] + ([(m.native.label, m.native)] if m.native else [])
+    places = []
+    for label, bpp in precisions:
+        if cs3.kind == "gpu":
+            from wafer.timing import place_gpus
+
+            p, tp = place_gpus(m, cs3, None, context=args.context, bytes_per_param=bpp)
+            n = p.n_units * tp
+        else:
+            p = place(m, cs3, None, context=args.context, bytes_per_param=bpp)
+            n = p.n_units
+        places.append({"precision": label, "units": n, "weights_gb": m.weight_bytes(bpp) / 1e9,
+                       "bytes_per_token_gb": m.active_bytes(bpp) / 1e9, "split_layers": getattr(p, "split_layers", 0)})
+    out = {"model": m.name, "title": m.title, "source": m.source, "layers": m.n_layers, "d_model": m.d_model,
+           "heads": m.n_heads, "kv_heads": m.n_kv_heads, "attention": m.attention_kind,
+           "experts": m.n_experts, "experts_per_token": m.experts_per_token, "shared_experts": m.n_shared_experts,
+           "dense_layers": sum(1 for i in range(m.n_layers) if not m.is_moe_layer(i)),
+           "total_params": m.total_params, "active_params": m.active_params, "params_published": m.params_published,
+           "kv_bytes_per_token": m.kv_bytes_per_sequence(1), "kv_bytes_at_context": m.kv_bytes_per_sequence(args.context),
+           "context": args.context, "native": precision_label(m.native) if m.native else None,
+           "native_source": m.native.source if m.native else None, "hardware": cs3.name, "placements": places,
+           "sources": dict(m.sources)}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{m.title}  [{m.name}]")
+    print(f"  source: {m.source}")
+    moe = (f"; {m.n_experts} experts, {m.experts_per_token} per token" + (f" + {m.n_shared_experts} shared" if m.n_shared_experts else "")
+           + f", {out['dense_layers']} dense layers") if m.is_moe else ""
+    print(f"  {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads / {m.n_kv_heads} KV heads, {m.attention_kind} attention{moe}")
+    print(f"  parameters {m.total_params / 1e9:.1f}B (published {m.params_published / 1e9:.1f}B), {m.active_params / 1e9:.2f}B read per token")
+    print(f"  KV cache {m.kv_bytes_per_sequence(1) / 1e3:.1f} KB per token; {m.kv_bytes_per_sequence(args.context) / 1e9:.2f} GB per "
+          f"sequence at {args.context} tokens")
+    if m.native:
+        print(f"  native precision: {m.native.label} ({m.native.source})")
+    for pl in places:
+        split = f", {pl['split_layers']} layers split across units" if pl["split_layers"] else ""
+        print(f"  {pl['precision']}: {pl['weights_gb']:.1f} GB of weights, {pl['bytes_per_token_gb']:.2f} GB read per token "
+              f"(batch 1) -> {pl['units']} x {cs3.name}{split}")
+    for k, v in m.sources:
+        print(f"  [{k}] {v}")
+    return 0
+
+
+def _plan(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from wafer.deploy import TurnFigures
+    from wafer.serving import DEFAULT_PLAN_HARDWARE, Workload, callers_curve, plan
+    from wafer.specs import load_hardware, load_model
+
+    if args.callers is None or args.callers < 1:
+        raise CLIError(f"--plan needs --callers N with N >= 1 (got {args.callers})")
+    if args.budget_ms is not None and args.budget_ms <= 0:
+        raise CLIError("--budget-ms must be > 0")
+    if args.answer_tokens < 1 or args.turn_period <= 0 or args.caller_context < 1:
+        raise CLIError("--answer-tokens, --turn-period and --caller-context must be > 0")
+    model = load_model(args.model or "llama-3.1-70b")
+    names = [h.strip() for h in (args.hardware or ",".join(DEFAULT_PLAN_HARDWARE)).split(",") if h.strip()]
+    overrides = _overrides(args.set)
+    hws = [load_hardware(n) for n in names]  # an unknown system is the catalogue's error
+    for k in overrides:
+        if not any(k in h.params for h in hws):
+            raise CLIError(f"--set {k}: none of {', '.join(h.name for h in hws)} has that parameter")
+    base = TurnFigures()
+    fig = TurnFigures(asr_ms=base.asr_ms if args.asr_ms is None else args.asr_ms,
+                      tts_first_audio_ms=base.tts_first_audio_ms if args.tts_ms is None else args.tts_ms,
+                      budget_ms=base.budget_ms if args.budget_ms is None else args.budget_ms)
+    work = Workload(turn_period_s=args.turn_period, answer_tokens=args.answer_tokens, context_tokens=args.caller_context,
+                    figures=fig)
+    bpp = _bits(args, model) if args.bits != "16" else 2.0
+    plans = plan(model, args.callers, [h.name for h in hws], work, bpp, overrides)
+    rows = [{"hardware": hw.name, "kind": hw.kind, **(p.to_dict() if p else {"units": None, "why": "no deployment up to the "
+                                                                              "largest tried keeps them inside the budget"})}
+            for hw, p in plans]
+    if args.plot:
+        from wafer.plot import plan_figure
+
+        grid = sorted({max(1, round(args.callers * f)) for f in (0.1, 0.25, 0.5, 0.75, 1, 1.5, 2)})
+        curves = [(hw.name, callers_curve(model, hw, grid, work, bpp)) for hw, _ in plans]
+        plan_figure(curves, f"{model.name}: units for N callers inside {fig.budget_ms:.0f} ms (p95)", args.plot)
+    if args.json:
+        print(json.dumps({"model": model.name, "callers": args.callers, "workload": work.to_dict(), "plans": rows,
+                          "plot": args.plot}))
+        return 0
+    con = Console(width=max(130, Console().width))
+    t = Table(title=f"{model.title}: the smallest deployment for {args.callers} concurrent voice callers, p95 voice-to-voice "
+                    f"<= {fig.budget_ms:.0f} ms", title_justify="left")
+    for col in ("system", "kind", "deployment", "units", "per-caller tok/s", "in flight p95", "TTFT ms", "v2v p95 ms",
+                "KV per caller GB", "KV", "$/hour", "$/caller-hour"):
+        t.add_column(col, justify="left" if col in ("system", "kind", "deployment", "KV") else "right")
+    for hw, p in plans:
+        if p is None:
+            t.add_row(hw.name, hw.kind, "none found", "-", "-", "-", "-", "-", "-", "-", "-", "-")
+            continue
+        ld = p.load
+        where = ("spilled" if ld.kv_spilled else "SRAM") if hw.kind == "wafer" else "HBM"
+        t.add_row(hw.name, hw.kind, f"{p.replicas} x {p.units_per_replica} {'wafers' if hw.kind == 'wafer' else 'GPUs'}",
+                  str(p.units), f"{ld.per_user_tok_s:,.0f}", str(ld.active_p95), f"{ld.ttft_s * 1e3:.1f}",
+                  f"{ld.voice_to_voice_s * 1e3:.0f}", f"{ld.kv_per_caller_bytes / 1e9:.2f}", where,
+                  f"{p.cost_per_hour:,.0f}" + ("*" if p.price_assumed else ""), f"{p.cost_per_hour / args.callers:.2f}")
+    con.print(t)
+    con.print(f"[dim]each caller: a turn every {work.turn_period_s:g} s, {work.answer_tokens} answer tokens, "
+              f"{fig.new_prompt_tokens} new prompt tokens after {work.context_tokens} cached (KV resident); ASR {fig.asr_ms:g} ms, "
+              f"TTS first audio {fig.tts_first_audio_ms:g} ms, endpoint {fig.endpoint_ms:g} ms, pause {fig.pause_ms:g} ms; "
+              f"p95 = the 95th percentile of sequences in flight (Poisson); precision {plans[0][1].precision if plans[0][1] else '-'}; "
+              "no speculation[/dim]")
+    con.print("[dim]* price per unit-hour is an estimate (assumption in the hardware file; override with --set "
+              "price_per_hour=X)[/dim]")
+    if args.plot:
+        con.print(f"plot: {args.plot}")
+    return 0
 
 
 def _compare(args) -> int:
