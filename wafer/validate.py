@@ -150,6 +150,10 @@ def table() -> list[Row]:
             "tok/s", None, "NVIDIA Technical Blog, Low Latency Inference Chapter 1 (Sep 2024): 268 tokens/s/user with Medusa "
             "on HGX H200; Medusa's acceptance is not published there", "context",
             "16-bit; modelled with an EAGLE-style head at the default acceptance (tau 2.88 at k = 7)"),
+        Row("Cerebras Llama 3.1 70B (with speculation), CS-3", 2148, speculative(Deployment.parse("llama-3.1-70b@wse3"), "eagle"),
+            "tok/s", None, "Cerebras blog 'How is Cerebras so fast' (Oct 2024): Llama 3.1 70B at 2,148 tokens/s with "
+            "speculative decoding; its draft and acceptance are not published", "context",
+            "16-bit; an EAGLE-style head at the default acceptance (tau 2.88 at k = 7)"),
         Row("Cerebras Llama 3.1 405B (with speculation)", 969, speculative(Deployment.parse("llama-3.1-405b@wse3"), "llama-3.1-8b"),
             "tok/s", None, "Cerebras, Nov 2024: 405B at 969 tokens/s with speculative decoding; its draft and acceptance "
             "are not published", "context", "16-bit; an 8B draft model on its own wafer at the draft-model default (tau 3.15 at k = 8)"),
