@@ -1,8 +1,12 @@
 """Turn-taking: does the loop wait through a pause inside a turn, and how soon does it close a complete one?
 
-    .venv/bin/python bench/turntaking.py [--realtime] [--json FILE] [--only paused|complete] [--limit N]
+    .venv/bin/python bench/turntaking.py [--set own|heldout|FOLDER] [--realtime] [--json FILE] [--only paused|complete]
+                                         [--limit N]
 
-Every item of samples/turntaking/ (see its README.md) is played alone, as one conversation, through the default
+``--set`` picks the set (``SETS``): ``own`` is samples/turntaking/, the set the loop's thresholds were tuned on;
+``heldout`` is samples/heldout/turntaking/, made with voices, texts and noise that no training or tuning touches
+(samples/heldout/README.md); any folder with a manifest.json of the same form works. The set's name is printed first
+and in the JSON. Every item of the set is played alone, as one conversation, through the default
 engines (``voice.engines.load_engines``) and the loop's default settings (``LoopConfig()``), exactly as
 ``wafervox run FILE`` does. The conversation is reset before each item. The default clock is virtual (``--fast``):
 compute costs its measured time and idle waits cost nothing. ``--realtime`` paces the input in real time.
@@ -37,17 +41,31 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SET = ROOT / "samples" / "turntaking"
+#: The named sets: the own one (tuned on) and the held-apart one (never tuned on).
+SETS = {"own": SET, "heldout": ROOT / "samples" / "heldout" / "turntaking"}
 
 #: The issue's bars: at most 10 % of paused turns cut off; complete turns closed within 250 ms (p50 of endpoint_ms).
 BARS = {"false_cutoff_rate_max": 0.10, "complete_endpoint_p50_ms_max": 250.0}
 
 
+def resolve_set(name: str) -> tuple[str, Path]:
+    """A set's name and folder: a name of ``SETS`` or a folder holding a manifest.json."""
+    if name in SETS:
+        return name, SETS[name]
+    path = Path(name)
+    if not (path / "manifest.json").is_file():
+        raise SystemExit(f"--set: {name!r} is neither a set ({', '.join(SETS)}) nor a folder with a manifest.json")
+    return path.name, path
+
+
 def noise_label(meta: dict) -> str:
-    return "clean" if meta["noise"] == "none" else f"{meta['noise']}{meta['noise_dbfs']:+.0f}dBFS"
+    if meta["noise"] == "none":
+        return meta.get("condition", "clean")  # the held-apart set's room, phone band
+    return f"{meta['noise']}{meta['noise_dbfs']:+.0f}dBFS"
 
 
 def level_label(meta: dict) -> str:
-    return "clean" if meta["noise"] == "none" else f"{meta['noise_dbfs']:+.0f}dBFS"
+    return meta.get("condition", "clean") if meta["noise"] == "none" else f"{meta['noise_dbfs']:+.0f}dBFS"
 
 
 def score_item(name: str, meta: dict, reports: list, offset: float, dropped: int = 0) -> dict:
@@ -118,8 +136,10 @@ def summarize(items: list[dict]) -> dict:
                                                 "final_endpoint_ms_p50": _pct([i["final_endpoint_ms"] for i in group], 0.5)}
     if complete:
         eps = [i["endpoint_ms"] for i in complete]
+        questions = [i["endpoint_ms"] for i in complete if i["text"].rstrip().endswith("?")]
         out["complete"] = {
             "n": len(complete),
+            "questions": {"n": len(questions), "endpoint_ms_p50": _pct(questions, 0.5), "endpoint_ms_p95": _pct(questions, 0.95)},
             "answered": sum(i["turns"] > 0 for i in complete),
             "split": sum(i["split"] for i in complete),
             "endpoint_ms": {"p50": _pct(eps, 0.5), "p95": _pct(eps, 0.95)},
@@ -182,10 +202,13 @@ def print_summary(s: dict, clock: str, wall_s: float) -> None:
         print(f"complete turns: endpoint_ms p50 {fmt(e['p50'])} / p95 {fmt(e['p95'])} ms "
               f"(after the true end: p50 {fmt(t['p50'])} / p95 {fmt(t['p95'])}); "
               f"{c['answered']}/{c['n']} answered, {c['split']} split in two")
+        q = c["questions"]
+        if q["n"]:
+            print(f"    questions        n={q['n']:2d} endpoint_ms p50 {fmt(q['endpoint_ms_p50']):>4s} p95 {fmt(q['endpoint_ms_p95']):>4s}")
         for key in ("by_level", "by_noise"):
             for label, g in c[key].items():
-                if key == "by_noise" and label == "clean":
-                    continue  # printed by level
+                if key == "by_noise" and label in c["by_level"]:
+                    continue  # printed by level (clean, and the held-apart set's room and phone band)
                 print(f"    {label:16s} n={g['n']:2d} endpoint_ms p50 {fmt(g['endpoint_ms_p50']):>4s} p95 {fmt(g['endpoint_ms_p95']):>4s}")
     if "end_of_turn_rules" in s:
         print(f"end-of-turn rules: {s['end_of_turn_rules']}")
@@ -200,7 +223,8 @@ def main() -> None:
     pace.add_argument("--fast", dest="realtime", action="store_false", help="virtual clock (the default)")
     pace.add_argument("--realtime", dest="realtime", action="store_true", help="real-time pacing of the input")
     ap.set_defaults(realtime=False)
-    ap.add_argument("--set", type=Path, default=SET, help="the turn-taking set (a folder with manifest.json)")
+    ap.add_argument("--set", default="own", metavar="NAME", help=f"the set: {' or '.join(SETS)} (default own), or a folder "
+                    "with a manifest.json")
     ap.add_argument("--only", choices=("paused", "complete"), help="play one half of the set only")
     ap.add_argument("--limit", type=int, help="at most this many items of each half")
     ap.add_argument("--json", metavar="FILE", help="write the summary, the bars and every item as JSON")
@@ -210,7 +234,9 @@ def main() -> None:
     from voice.loop import LoopConfig
     from voice.replay import play_conversation
 
-    manifest = json.loads((args.set / "manifest.json").read_text())["items"]
+    set_name, set_dir = resolve_set(args.set)
+    print(f"set: {set_name} ({set_dir.relative_to(ROOT) if set_dir.is_relative_to(ROOT) else set_dir})", flush=True)
+    manifest = json.loads((set_dir / "manifest.json").read_text())["items"]
     chosen = []
     for kind in ("paused", "complete"):
         if args.only in (None, kind):
@@ -226,16 +252,17 @@ def main() -> None:
     items = []
     for name in chosen:
         engines.llm.reset()
-        reports, loop = play_conversation(engines, [args.set / name], realtime=args.realtime, config=LoopConfig())
+        reports, loop = play_conversation(engines, [set_dir / name], realtime=args.realtime, config=LoopConfig())
         item = score_item(name, manifest[name], reports, loop.file_offsets[0], dropped=loop.non_speech)
         print_item(item)
         items.append(item)
     wall_s = time.perf_counter() - t0
     summary = summarize(items)
     print_summary(summary, clock, wall_s)
+    print(f"set: {set_name}")
     print(f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
     if args.json:
-        Path(args.json).write_text(json.dumps({"summary": summary, "clock": clock, "wall_s": round(wall_s, 1),
+        Path(args.json).write_text(json.dumps({"set": set_name, "summary": summary, "clock": clock, "wall_s": round(wall_s, 1),
                                                "load_ms": load_ms, "loadavg_before": round(load_before, 2),
                                                "loadavg_after": round(os.getloadavg()[0], 2), "items": items}, indent=1))
 
