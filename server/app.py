@@ -63,6 +63,9 @@ class ServerOptions:
     public_url: str | None = None
     #: the Twilio account's auth token: the voice webhook answers only requests signed with it (``X-Twilio-Signature``)
     twilio_auth_token: str | None = None
+    #: ``--record DIR``: each session as a stereo WAV (user left, agent right, on the loop's clock) and its turns' JSON
+    #: (``voice.recording``), written when the session ends
+    record: str | None = None
 
 
 class RateLimiter:
@@ -333,6 +336,7 @@ class VoiceServer:
                                   loop_config=self.opts.loop_config, metrics=self.metrics, close=out.close, name=f"session-{self._n}",
                                   extensions=path == "/v1/stream" or wants_extensions(query))
         out.session = session
+        recording = self._recording(session)
         self._conns[ws] = session
         self.metrics.sessions.inc()
         self.metrics.active.set(len(self._conns))
@@ -350,10 +354,29 @@ class VoiceServer:
             self._conns.pop(ws, None)
             self.metrics.active.set(len(self._conns))
             await asyncio.to_thread(session.thread.join, 10)
+            if recording is not None:
+                await asyncio.to_thread(self._save, recording, session.name)
             trim()  # the session's memory, freed, goes back to the system (well under a millisecond)
             self._trim_later()
             log.info("%s closed (%s %s): %s", session.name, ws.close_code, ws.close_reason or "",
                      json.dumps(session.summary()))
+
+    def _recording(self, session: RealtimeSession):
+        """``--record DIR``: the session's recording, attached to its loop when the loop starts (``session.recorder``)."""
+        if self.opts.record is None:
+            return None
+        from voice.recording import SessionRecording
+
+        session.recorder = SessionRecording(self.opts.record, session.name, self.shared.sample_rate)
+        return session.recorder
+
+    @staticmethod
+    def _save(recording, name: str) -> None:
+        try:
+            wav, _ = recording.close()
+            log.info("%s recorded in %s", name, wav)
+        except OSError as e:  # (a full disk: the server goes on)
+            log.warning("%s: the recording could not be written: %s", name, e)
 
     def _trim_later(self, delay_s: float = 1.0) -> None:
         """``trim`` once more ``delay_s`` after the last connection closed: what the event loop frees after a session's

@@ -70,6 +70,8 @@ class Limits:
 class RealtimeSession:
     """``submit(msg)`` from the event loop; the rest runs on ``self.thread``."""
 
+    recorder = None  # a voice.recording.SessionRecording that follows the loop (wafervox serve --record DIR)
+
     def __init__(self, shared, emit: Callable[[str | bytes, bool], None], *, native: bool = False, limits: Limits = Limits(),
                  ids: Callable[[str], str] | None = None, loop_config: LoopConfig | None = None, metrics=None,
                  close: Callable[[int, str], None] | None = None, name: str = "session", extensions: bool = False):
@@ -148,6 +150,8 @@ class RealtimeSession:
             config = replace(self.loop_config, interruption=replace(self.loop_config.interruption, hold_output=False))
             loop = VoiceLoop(self.shared.session(), sink=self, clock=RealClock(), config=config, on_event=self._on_loop_event)
             self._trace = tracing.open_session(self.name, loop, "stream" if self.native else "realtime")
+            if self.recorder is not None:  # wafervox serve --record DIR (voice.recording; set by server.app)
+                self.recorder.attach(loop)
             self.voice.start(loop)
             while not self._closing.is_set():
                 run_until(loop, loop.clock.now() + IDLE_WAIT_S, poll=self._drain)

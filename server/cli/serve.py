@@ -6,6 +6,7 @@ import os
 
 from ..memory import fixed_mmap_threshold
 from .common import CLIError, llm_info, load, loop_config, otel_choice, otel_flags, otel_tracing, priority_flag, voice_flags
+from .mic import check_record_dir, record_flag
 
 #: the numeric limits: flag, type, default, help (each must be > 0)
 LIMIT_FLAGS = (
@@ -50,6 +51,7 @@ def add_parser(sub) -> None:
                          "Twilio's X-Twilio-Signature, made over the webhook's URL (--public-url when the server is behind a "
                          "proxy or a tunnel); default: $TWILIO_AUTH_TOKEN (an environment variable keeps it out of ps)")
     sv.add_argument("-v", "--verbose", action="store_true", help="log sessions and errors to stderr")
+    record_flag(sv)
     voice_flags(sv)
     otel_flags(sv)
     priority_flag(sv)
@@ -112,6 +114,7 @@ def run(args) -> int:
     if args.workers < 1:
         raise CLIError("--workers must be 1 or more")
     otel_choice(args)  # (checked here; each serving process starts its own exporter)
+    check_record_dir(args.record)
     args.token = args.token or os.environ.get("WAFERVOX_TOKEN") or None
     if args.host not in ("127.0.0.1", "::1", "localhost") and not args.token:
         console.print(f"[yellow]warning: listening on {args.host} without --token: anyone who can reach it can talk to it[/]")
@@ -146,7 +149,7 @@ def _serve(args, sock, console, ready) -> None:
                     max_output_bytes=args.max_output_bytes, idle_timeout_s=args.idle_timeout)
     opts = ServerOptions(host=args.host, port=args.port, token=args.token, origins=tuple(args.allow_origin), limits=limits,
                          loop_config=loop_config(args), connect_rate=args.max_connect_rate, trusted_proxies=tuple(args.trust_proxy),
-                         public_url=args.public_url, twilio_auth_token=args.twilio_auth_token)
+                         public_url=args.public_url, twilio_auth_token=args.twilio_auth_token, record=args.record)
     shared, deployed = load(args, console, shared=True)
     per_session = shared.session_bytes() + limits.session_buffer_bytes()
     console.print(f"[dim]{memory_plan(per_session, args.max_sessions, available_memory())}[/]")
