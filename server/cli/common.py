@@ -38,6 +38,9 @@ def voice_flags(sp) -> None:
     """Flags of every command that runs the voice loop (run, mic, serve)."""
     sp.add_argument("--budget-ms", type=float, default=500.0, help="voice-to-voice budget per turn (default 500)")
     sp.add_argument("--tts", choices=("piper", "espeak"), default="piper", help="speech synthesizer (default piper)")
+    sp.add_argument("--voice", metavar="NAME|PATH", default=None,
+                    help="the voice: any installed Piper voice by name (default en_US-joe-medium; an unknown name lists "
+                         "those installed) or its .onnx path; with --tts espeak, an espeak-ng voice (default en-us)")
     sp.add_argument("--model", default=None, metavar="GGUF", help="LLM GGUF file (default SmolLM2-135M-Instruct)")
     sp.add_argument("--llm", metavar="URL", default=None,
                     help="answer with an OpenAI-compatible chat completions backend instead of the local decode core, "
@@ -256,8 +259,16 @@ def load(args, console, shared: bool = False):
 
     built, deployed = deployment(args)
     pers = persona(args)  # a bad persona file is reported before the slow load
+    if getattr(args, "voice", None) and args.tts == "piper":  # (and a voice not installed)
+        from voice.tts import find_voice
+
+        find_voice(args.voice)
     raise_priority(args, console)
     opts = engine_options(args, built, deployed)
+    if getattr(args, "voice", None):
+        from dataclasses import replace
+
+        opts = replace(opts, voice=args.voice)
     loader = SharedEngines.load if shared else load_engines
     with console.status("loading engines") as status:
         try:

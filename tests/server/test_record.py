@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
