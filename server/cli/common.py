@@ -76,6 +76,11 @@ def voice_flags(sp) -> None:
                     help="semantic end of turn: high answers sooner, low waits longer for the user (default auto = medium)")
     sp.add_argument("--silence-ms", type=int, default=None, metavar="MS",
                     help="the silence that ends a turn with --turn-end silence (default 400)")
+    sp.add_argument("--interruption", choices=("pause", "duck", "immediate"), default="pause",
+                    help="speech over the answer: pause (default) stops the voice at once and resumes it when what was "
+                         "said is a backchannel (uh-huh, yeah, right, okay) or a noise (a cough, a knock), else the answer "
+                         "ends and the speech is the next turn; duck goes on quieter while it is judged; immediate ends "
+                         "the answer at any speech")
 
 
 def otel_flags(sp) -> None:
@@ -157,6 +162,7 @@ def loop_config(args):
     if silence is not None and turn_end != "silence":
         raise CLIError("--silence-ms needs --turn-end silence (the semantic end of turn picks its own silence)")
     cfg = LoopConfig(budget_ms=args.budget_ms, speculative=not args.no_speculative, ack=args.ack, pace=args.pace)
+    cfg = replace(cfg, interruption=replace(cfg.interruption, mode=getattr(args, "interruption", "pause")))
     if getattr(args, "no_mitigation", False):
         cfg = replace(cfg, mitigation=None)
     if turn_end == "silence":
