@@ -1,6 +1,6 @@
 """Answer quality of the LLM stage: does each reply carry the fact the question asks for?
 
-    .venv/bin/python bench/answers.py [--persona NAME ...] [--build instructions|facts]
+    .venv/bin/python bench/answers.py [--set own|dev|heldout] [--persona NAME ...] [--build instructions|facts]
                                       [--history-turns N|all] [--temperature T] [--repetition-penalty R]
                                       [--verbose] [--json FILE]
 
@@ -17,6 +17,11 @@ free-text ``instructions`` a Realtime client would send; ``--build`` picks which
 built from: ``instructions`` (default) is the server's path, ``Persona.from_instructions``;
 ``facts`` is ``Persona.from_facts``.
 
+Sets (``--set``, printed first): ``own`` (default), the three personas above, written here with the grounding; ``dev``
+and ``heldout``, prose personas in ``bench/personas/<set>/*.json`` written as a user writes a Realtime client's
+``instructions`` (a paragraph of facts), with questions worded unlike the facts.  ``dev`` may be used to tune;
+``heldout`` never is: it is the figure for personas and wording nobody tuned on (``bench/personas/README.md``).
+
 Each question is one of:
 - fact: a paraphrase of a question about one fact, a follow-up after a question about another
   fact (the check that the model answers the new question, not the last one), or an elliptical
@@ -27,6 +32,10 @@ Each question is one of:
   price or address), and declines or redirects (matches ``DECLINE``).
 Each persona's ``held_out`` conversations were written after the grounding's cue words were
 chosen (``voice.llm.relevant_facts``), as the check on questions it was not tuned on.
+
+Every reply is also checked for invented claims (``invented``): a number (digits or a number word), a time or a
+capitalized name that neither the persona's text nor the conversation's questions so far contain (the bar is none);
+the check is written here, apart from the product's guard (``voice.guard``), so that it does not grade itself.
 
 Printed: one row per question (persona, conversation.turn, kind, pass, P = parroting, h = held
 out, question, reply), then per persona and overall: fact accuracy (fact questions passed / fact
@@ -263,6 +272,37 @@ BIKES = persona_spec("bikes", "Rapid Wheels", BIKES_FACTS, BIKES_INSTRUCTIONS, "
 })
 
 SPECS = {s.name: s for s in (BAKERY, DENTIST, BIKES)}
+PERSONAS_DIR = ROOT / "bench" / "personas"
+#: what each set is, printed with its figures
+SET_NOTES = {"own": "the bakery, dentist and bike personas written with the grounding (bench/answers.py)",
+             "dev": "prose personas that tuning may look at (bench/personas/dev)",
+             "heldout": "prose personas and questions held apart: never used to tune (bench/personas/heldout)"}
+
+
+def load_spec(path: Path) -> PersonaSpec:
+    """A persona of a set: ``{"title", "instructions", "conversations": [[{"q", "fact", "expect"} | {"q", "off"}, ...],
+    ...]}`` (``bench/personas/README.md``)."""
+    data = json.loads(Path(path).read_text())
+
+    def q(turn: dict) -> Q:
+        if "off" in turn:
+            return Q(turn["q"], "off:" + turn["off"])
+        re.compile(turn["expect"])
+        return Q(turn["q"], turn["fact"].split(".")[0], turn["expect"])
+
+    convs = tuple(tuple(q(t) for t in conv) for conv in data["conversations"])
+    return PersonaSpec(Path(path).stem, data["title"], {}, data["instructions"], convs)
+
+
+def load_set(name: str) -> dict[str, PersonaSpec]:
+    """The personas of a set, by name: ``own`` (SPECS) or a folder of ``bench/personas``."""
+    if name == "own":
+        return dict(SPECS)
+    folder = PERSONAS_DIR / name
+    files = sorted(folder.glob("*.json"))
+    if not files:
+        raise SystemExit(f"no persona set {name!r}: {folder} has no *.json")
+    return {f.stem: load_spec(f) for f in files}
 
 
 def build_persona(spec: PersonaSpec, build: str):
@@ -311,6 +351,56 @@ def check(q: Q, reply: str) -> bool:
     return (0 < len(reply.split()) <= OFF_MAX_WORDS and not re.search(r"\d", reply) and bool(DECLINE.search(reply)))
 
 
+_NUMBER_WORDS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
+    "eighteen nineteen twenty".split())} | {"thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80,
+                                           "ninety": 90, "hundred": 100, "thousand": 1000, "noon": 12, "midnight": 12}
+_ALWAYS_SAID = frozenset("i i'm i'll i've i'd am pm a.m p.m ok okay".split())
+
+
+def _numbers(text: str) -> set[int]:
+    """The numbers a text states: digit runs ("7:30" is 7 and 30, ":00" none) and number words read as numbers
+    ("forty-five" is 45, "one hundred forty" 140, "seven thirty" 7 and 30)."""
+    out = {int(d) for d in re.findall(r"\d+", text) if int(d) != 0}
+    current = None
+    for w in re.findall(r"[a-z]+", text.lower()) + [""]:
+        v = _NUMBER_WORDS.get(w)
+        if v is None or w in ("noon", "midnight"):
+            if current:
+                out.add(current)
+            current = None
+            if v:
+                out.add(v)
+        elif v in (100, 1000):
+            current = (current or 1) * v
+        elif current is None:
+            current = v
+        elif v < 10 and current % 10 == 0 and current % 100 >= 20 or current % 100 == 0 and v < 100:
+            current += v  # forty-five, one hundred forty
+        else:
+            out.add(current)  # seven thirty: two numbers
+            current = v
+    return out
+
+
+def _names(text: str) -> set[str]:
+    """Capitalized words that do not open a sentence: the names a reply says ("Daniel Okafor", "SHEBELLA")."""
+    out = set()
+    for sentence in re.split(r"(?<=[.!?:;])\s+|\n", text):
+        words = re.findall(r"[A-Za-z][A-Za-z'.-]*", sentence)
+        out |= {w.rstrip(".").lower() for w in words[1:] if w[0].isupper() and w.rstrip(".").lower() not in _ALWAYS_SAID}
+    return out
+
+
+def invented(reply: str, known: str) -> list[str]:
+    """Numbers and names in ``reply`` that ``known`` (the persona's text and the questions asked) does not contain."""
+    words = {w.lower() for w in re.findall(r"[A-Za-z][A-Za-z'-]*", known)}
+    words |= {p for w in list(words) for p in w.split("-")} | {w[:-2] for w in words if w.endswith("'s")}
+    nums = _numbers(known)
+    bad = [str(n) for n in sorted(_numbers(reply) - nums)]
+    return bad + sorted(n for n in _names(reply) if n not in words and n.split("'")[0] not in words)
+
+
 def parrots(question: str, reply: str) -> bool:
     q, r = _norm(question), _norm(reply)
     return bool(q) and q in r
@@ -330,6 +420,16 @@ class Row:
     turn_tokens: int  # prompt tokens beyond the cached opening
     reply_ms: float
     held_out: bool = False
+    invented: tuple[str, ...] = ()  # numbers and names the persona and the conversation do not contain
+
+
+def persona_text(spec: PersonaSpec) -> str:
+    """Everything the operator wrote for ``spec``: its instructions, else the default persona's system text."""
+    if spec.instructions is not None:
+        return spec.instructions
+    from voice.llm import Persona
+
+    return Persona().system
 
 
 def run_persona(llm, spec: PersonaSpec, opening_tokens: int) -> list[Row]:
@@ -337,7 +437,9 @@ def run_persona(llm, spec: PersonaSpec, opening_tokens: int) -> list[Row]:
     convs = [(c, False) for c in spec.conversations] + [(c, True) for c in spec.held_out]
     for ci, (conv, held_out) in enumerate(convs, 1):
         llm.reset()
+        known = persona_text(spec) + " " + spec.title
         for ti, q in enumerate(conv, 1):
+            known += " " + q.text
             n = len(llm.prompt_ids(q.text)) - opening_tokens
             t = time.perf_counter()
             reply = spoken_reply(llm, q.text)
@@ -345,7 +447,7 @@ def run_persona(llm, spec: PersonaSpec, opening_tokens: int) -> list[Row]:
             llm.commit(q.text, reply)
             kind = "off" if q.off_topic else ("follow" if ti > 1 else "fact")
             rows.append(Row(spec.name, ci, ti, kind, q.fact, q.text, reply, check(q, reply), parrots(q.text, reply), n, ms,
-                            held_out))
+                            held_out, tuple(invented(reply, known))))
     return rows
 
 
@@ -390,6 +492,7 @@ def summarize(rows: list[Row], opening: dict[str, int]) -> dict:
             "repeated_replies": sum(len(g) for g in rep),
             "shared_replies": sum(len(g) for g in shared(rs)),
             "parroting": sum(r.parrot for r in rs),
+            "invented": sum(bool(r.invented) for r in rs),
             "turn_tokens_mean": sum(r.turn_tokens for r in rs) / len(rs),
             "turn_tokens_max": max(r.turn_tokens for r in rs),
             "reply_ms_mean": sum(r.reply_ms for r in rs) / len(rs),
@@ -415,13 +518,14 @@ def load_llm(history_turns, sampling=None, generator=None):
 
 
 def run(names=None, build: str = "instructions", history_turns="default", sampling=None, progress=None,
-        generator=None) -> tuple[list[Row], dict]:
-    """Every question of the named personas (default: all) through LLMConversation's defaults (or
-    the given ``history_turns``, ``sampling``); returns the rows and the summary."""
+        generator=None, set_name: str = "own") -> tuple[list[Row], dict]:
+    """Every question of the named personas of ``set_name`` (default: all of them) through LLMConversation's defaults
+    (or the given ``history_turns``, ``sampling``); returns the rows and the summary."""
     make = load_llm(history_turns, sampling, generator)
+    specs = load_set(set_name)
     rows, opening = [], {}
-    for name in names or SPECS:
-        spec = SPECS[name]
+    for name in names or specs:
+        spec = specs[name]
         llm = make(build_persona(spec, build))
         llm.warmup()
         opening[name] = len(llm.generator.encode_chat(llm.persona.opening(), add_generation_prompt=False))
@@ -439,7 +543,9 @@ def _fmt(v, spec=".2f"):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--persona", action="append", choices=list(SPECS), help="run only this persona (repeatable; default: all)")
+    ap.add_argument("--set", default="own", choices=["own", "dev", "heldout"],
+                    help="the personas: own (default), dev or heldout (bench/personas/<set>, never used to tune)")
+    ap.add_argument("--persona", action="append", help="run only this persona of the set (repeatable; default: all)")
     ap.add_argument("--build", choices=["instructions", "facts"], default="instructions",
                     help="build the non-default personas from the client's instructions text (the server's path, "
                          "default) or from the facts table")
@@ -459,32 +565,39 @@ def main() -> None:
     def show(r: Row):
         reply = r.reply if width is None or len(r.reply) <= width else r.reply[:width - 3] + "..."
         marks = ("ok " if r.ok else "BAD") + (" P" if r.parrot else "  ") + ("h" if r.held_out else " ")
-        print(f"{r.persona:8s} {r.conversation}.{r.turn} {r.kind:6s} {marks} {r.question!r:46s} -> {reply!r}", flush=True)
+        extra = f"  INVENTED {', '.join(r.invented)}" if r.invented else ""
+        print(f"{r.persona:8s} {r.conversation}.{r.turn} {r.kind:6s} {marks} {r.question!r:46s} -> {reply!r}{extra}", flush=True)
 
+    specs = load_set(args.set)
+    for name in args.persona or []:
+        if name not in specs:
+            ap.error(f"no persona {name!r} in set {args.set} (it has: {', '.join(specs)})")
+    print(f"set: {args.set}: {SET_NOTES[args.set]}; personas: {', '.join(args.persona or specs)}")
     print(f"{'persona':8s} c.t {'kind':6s} pass {'question':46s}    reply")
     sampling = None
     if args.temperature is not None:
         from decode import SamplingParams
 
         sampling = SamplingParams(temperature=args.temperature, repetition_penalty=args.repetition_penalty, seed=args.seed)
-    rows, summary = run(args.persona, args.build, ht, sampling, progress=show)
+    rows, summary = run(args.persona, args.build, ht, sampling, progress=show, set_name=args.set)
     print()
     print(f"{'persona':8s} {'qs':>3s} {'fact acc':>8s} {'tuned':>6s} {'held':>6s} {'follow':>6s} {'off ok':>6s} {'repeats':>7s} "
-          f"{'parrot':>6s} {'opening tok':>11s} {'turn tok':>8s} {'reply ms':>8s}")
+          f"{'parrot':>6s} {'invented':>8s} {'opening tok':>11s} {'turn tok':>8s} {'reply ms':>8s}")
     for name, s in summary.items():
         print(f"{name:8s} {s['questions']:3d} {_fmt(s['fact_accuracy']):>8s} {_fmt(s['tuned_accuracy']):>6s} "
               f"{_fmt(s['held_out_accuracy']):>6s} {_fmt(s['follow_up_accuracy']):>6s} "
-              f"{_fmt(s['off_topic_pass']):>6s} {s['repeated_replies']:7d} {s['parroting']:6d} "
+              f"{_fmt(s['off_topic_pass']):>6s} {s['repeated_replies']:7d} {s['parroting']:6d} {s['invented']:8d} "
               f"{s.get('opening_tokens', '-')!s:>11s} {s['turn_tokens_mean']:8.1f} {s['reply_ms_mean']:8.0f}")
     for g in repeats(rows):
         print(f"repeated verbatim ({g[0].persona}): {g[0].reply!r} for " + ", ".join(repr(r.question) for r in g))
     for g in shared(rows):
         print(f"shared, correct for each ({g[0].persona}): {g[0].reply!r} for " + ", ".join(repr(r.question) for r in g))
     a = summary["all"]
-    verdict = a["fact_accuracy"] >= 0.9 and a["repeat_groups"] == 0
-    print(f"\nfact accuracy {a['fact_accuracy']:.2f} (bar >= 0.90), {a['repeated_replies']} replies repeated verbatim across "
-          f"different questions (bar: none), {a['parroting']} parroting, off-topic pass {_fmt(a['off_topic_pass'])}: "
-          f"{'PASS' if verdict else 'FAIL'}")
+    verdict = (a["fact_accuracy"] >= 0.9 and a["repeat_groups"] == 0 and a["invented"] == 0
+               and (a["off_topic_pass"] is None or a["off_topic_pass"] >= 0.9))
+    print(f"\nset {args.set}: fact accuracy {a['fact_accuracy']:.2f} (bar >= 0.90), {a['invented']} replies with invented numbers "
+          f"or names (bar: none), off-topic declined {_fmt(a['off_topic_pass'])} (bar >= 0.90), {a['repeated_replies']} replies "
+          f"repeated verbatim across different questions (bar: none), {a['parroting']} parroting: {'PASS' if verdict else 'FAIL'}")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": [asdict(r) for r in rows], "summary": summary}, indent=1))
 

@@ -20,68 +20,28 @@ from dataclasses import dataclass, field
 from decode import GREEDY, Generator, SamplingParams
 from decode.generate import common_prefix
 
+from .guard import ReplyGuard, knowledge
+
 # -- grounding: which facts answer a question -----------------------------------------------------------
-# Words of the question against the words of each fact, and against cue words of the common kinds of
-# business facts (a fact about hours answers "when do you close?").  Plain, cheap (microseconds a
-# turn) and predictable; bench/answers.py measures it on questions written after these were chosen.
-
-_STOP = frozenset("a an the and or up of to in on at for is are was be do does did you your we our i me my it this that what which "
-                  "whom how can could would will there here please tell about with any some many get have has hi hello ok okay so "
-                  "just like know".split())
+# By meaning: sentence embeddings of the facts and of the question (voice.retrieval), not by shared words; the facts
+# themselves are cut from what the operator wrote by voice.persona.  bench/retrieval.py measures it on personas and
+# questions written apart from it (bench/personas/heldout).
 
 
-def _stem(word: str) -> str:
-    w = re.sub(r"'s$", "", word.lower()).strip("'")
-    for suffix in ("ies", "ing", "es", "ed", "al", "s"):
-        if len(w) > len(suffix) + 2 and w.endswith(suffix):
-            w = w[: -len(suffix)] + ("y" if suffix == "ies" else "")
-            break
-    return w[:-1] if len(w) > 3 and w.endswith("e") else w  # close, closed, closing: clos
+def relevant_facts(facts, question: str, previous: str | None = None, most: int = 2,
+                   min_score: float | None = None, name: str = "") -> list[tuple[str, str]]:
+    """The facts that answer ``question`` (at most ``most``, best first; a follow-up leaning on ``previous`` is ranked
+    with it too), none when no fact is near it in meaning (``min_score``, by default ``voice.retrieval.MIN_SCORE``);
+    ``name``: the business's (``voice.retrieval.FactIndex``)."""
+    facts = tuple(facts)
+    if not facts:
+        return []
+    from .persona import subject
+    from .retrieval import fact_index
 
-
-def _words(text: str) -> set[str]:
-    out = set()
-    for w in re.findall(r"[A-Za-z][A-Za-z'-]*|\d+", text):
-        if w.lower() not in _STOP:
-            out.add(_stem(w))
-            if "-" in w:  # tune-up: tune (not up)
-                out |= {_stem(part) for part in w.split("-") if len(part) > 2 and part.lower() not in _STOP}
-    return out
-
-
-#: Cue words that say little alone ("who won the game?" is not about the owner) or as much as a word of
-#: the fact ("open on Saturday?" is about the weekends more than the hours); others count 0.75.
-_CUE_WEIGHT = {**dict.fromkeys(_words("who name much today tomorrow morning evening"), 0.5),
-               **dict.fromkeys(_words("open close time hours"), 0.75),  # even in the fact: "open on Mondays?"
-               **dict.fromkeys(_words("monday tuesday wednesday thursday friday saturday sunday weekend"), 1.0)}
-#: (a fact mentioning any of these, is also about these): the common kinds of business facts.
-_CONCEPTS = tuple((_words(trigger), _words(cues)) for trigger, cues in (
-    ("hours open opening", "open close hours time when day week morning evening tomorrow today late early"),
-    ("address location street road avenue lane", "where address located location find street directions"),
-    ("owner owns manager boss founder", "owner own runs who boss manager charge"),
-    ("dentist doctor dr", "who dentist doctor name"),
-    ("dollars price cost euros pounds fee", "much cost price charge fee pay"),
-    ("weekends", "saturday sunday weekend"),
-    ("delivery deliver", "deliver delivery ship bring"),
-    ("parking park", "park parking car drive"),
-    ("rental rent", "rent rental hire borrow"),
-    ("time minutes same", "long take wait ready quick fast soon"),
-))
-
-
-def relevant_facts(facts, question: str, most: int = 2) -> list[tuple[str, str]]:
-    """The facts that answer ``question``: those of the best score (at most ``most``), none when no
-    fact scores 0.75 (a word of the fact itself counts 1, a cue word 0.75, but see ``_CUE_WEIGHT``)."""
-    q = _words(question)
-    scored = []
-    for i, (k, v) in enumerate(facts):
-        own = _words(k) | _words(v)
-        cues = set().union(*(cue for trigger, cue in _CONCEPTS if trigger & own)) - own
-        score = sum(_CUE_WEIGHT.get(w, 1.0 if w in own else 0.75) for w in q & (own | cues))
-        if score >= 0.75:
-            scored.append((-score, i))
-    scored.sort()
-    return [facts[i] for s, i in scored if s == scored[0][0]][:most]
+    index = fact_index(tuple(_answer(k, v) for k, v in facts), tuple(subject(k, v) for k, v in facts), name)
+    hits = index.search(question, previous) if min_score is None else index.search(question, previous, min_score)
+    return [facts[h.index] for h in hits][:most]
 
 
 def _fact_text(key: str, value: str) -> str:
@@ -107,12 +67,6 @@ def _answer(key: str, value: str) -> str:
     return f"{the}{subject} {verb} {value}."
 
 
-_KEY_VALUE = re.compile(r"^[-*\u2022]?\s*([A-Za-z][\w '&/-]{0,40}?)\s*:\s*(\S.*?)\.?$")
-_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
-#: A sentence that tells the assistant who it is or how to talk (not a fact).
-_ROLE = re.compile(r"\b(you are|you're|you answer|you work|you help|assistant|receptionist|act as|be brief|be friendly|keep|"
-                   r"answer|reply|respond|speak)\b", re.I)
-_NAME = re.compile(r"\b(?:of|for|at|from|called)\s+((?:[A-Z][\w'&-]*)(?:\s+(?:[A-Z][\w'&-]*|&))*)")
 _SUBJECT_IS = re.compile(r"^(?:the |our |a |an )?(?!(?:we|i|you|they|it|he|she|this|that|there)\b)([a-z][\w' -]{0,30}?) "
                          r"(?:is|are|costs?) (.+?)\.?$", re.I)
 _OPEN_FROM = re.compile(r"^(?:we are|we're|the \w+ is|it is|it's) open (.+?)\.?$", re.I)
@@ -120,27 +74,13 @@ _OPEN_FROM = re.compile(r"^(?:we are|we're|the \w+ is|it is|it's) open (.+?)\.?$
 
 def _sentence_fact(sentence: str) -> tuple[str, str]:
     """A sentence as a fact: "The owner is Tom." -> ("Owner", "Tom"), "We are open from 9 am ..." ->
-    ("Opening hours", "from 9 am ..."); others stay whole ("", ...), which the model copied less well."""
+    ("Opening hours", "from 9 am ..."); others stay whole ("", ...)."""
     if m := _OPEN_FROM.match(sentence.strip()):
         return "Opening hours", m.group(1)
     if m := _SUBJECT_IS.match(sentence.strip()):
         key = m.group(1).strip()
         return key[:1].upper() + key[1:], m.group(2).strip()
     return "", sentence.strip().rstrip(".")
-
-
-def _split_compound(sentence: str) -> list[str]:
-    """"A costs 15 dollars and B costs 60 dollars." -> both halves, when each states a figure."""
-    parts = re.split(r",? and (?=[\w' -]+ (?:is|are|costs?) )", sentence.strip().rstrip("."))
-    return parts if len(parts) > 1 and all(re.search(r"\d", p) for p in parts) else [sentence]
-
-
-def _business_name(text: str) -> str:
-    """The business the instructions name ("... the receptionist of Clearview Dental ...")."""
-    for sentence in _SENTENCE.split(text):
-        if _ROLE.search(sentence) and (m := _NAME.search(sentence)):
-            return m.group(1)
-    return ""
 
 
 DEFAULT_NAME = "Bright Bakery"
@@ -153,11 +93,38 @@ DEFAULT_FACTS = (
     ("Delivery", "free for orders over 30 dollars"),
     ("Owner", "Maria"),
 )
-#: How a reply starts when no fact answers the question: the model goes on with the topic it was
-#: asked about ("... about the weather, but ..."), so declines differ from one question to the next.
-DECLINE = "I'm afraid I don't know about"
-#: Questions that lean on the previous one ("Is it free?") take the facts of the previous question.
-_LEANS_BACK = re.compile(r"\b(it|its|that|this|they|them|those|these|one)\b", re.I)
+#: How a grounded persona answers a question no fact answers (off-topic, or a fact the operator did not write): one
+#: short sentence, said as it is (the model is not asked: a 135M model asked anyway invents the fact or loops on
+#: itself), then ``decline(name)``'s offer of what it can help with.
+DECLINE = "Sorry, I can't help with that"
+
+
+def decline(name: str) -> str:
+    """The whole decline of a persona named ``name``: one sentence."""
+    return f"{DECLINE}, but I'm happy to answer questions about {name or 'us'}."
+
+
+def _example_decline(topic: str, name: str) -> str:
+    """An example exchange's decline: worded as before issue 28, "I'm afraid I don't know about the weather, but ...";
+    examples that declined with "Sorry, I can't ..." made the model deny facts it was given ("The delivery is not
+    free.", bench/answers.py --set own)."""
+    return f"I'm afraid I don't know about {topic}, but I can help with questions about {name}."
+
+
+#: How many words of the best fact an answer starts with (``Persona.turn``).
+LEAD_WORDS = 2
+
+
+def _lead(fact: str) -> str:
+    """The words an answer is started with: the best fact's first ``LEAD_WORDS`` words (up to a clause mark), so that
+    the model goes on with that fact rather than with the last example's answer ("Where are you?" answered with the
+    head mechanic's name, bench/answers.py --set dev) or a denial of it."""
+    words = []
+    for w in fact.split()[:LEAD_WORDS]:
+        words.append(w)
+        if w[-1:] in ",;:.!?":
+            break
+    return " ".join(words).rstrip(",;:.!?")
 
 
 def _rules(name: str) -> str:
@@ -179,6 +146,9 @@ DEFAULT_SYSTEM = grounded_system(DEFAULT_NAME, DEFAULT_FACTS)
 #: the examples end with a fact.
 _EXAMPLE_QUESTIONS = ("What are your hours?", "Where can I find you?", "Who owns the place?", "How much does it cost?")
 _N_FACT_EXAMPLES = 4
+#: An example question's fact must be this near it (a wrong example teaches a wrong answer; "What are your hours?" is
+#: not about a shuttle's timetable): above ``voice.retrieval.MIN_SCORE``.
+EXAMPLE_MIN_SCORE = 0.4
 _OFF_TOPIC_EXAMPLES = (("What's the weather like?", "the weather"), ("Tell me a joke.", "jokes"))
 
 
@@ -186,12 +156,12 @@ def grounded_examples(name: str, facts) -> tuple[tuple[str, str], ...]:
     """Example exchanges for a grounded persona: fact, decline, fact, decline, fact."""
     answers, used = [], set()
     for q in _EXAMPLE_QUESTIONS:
-        if (found := relevant_facts(facts, q, most=1)) and found[0] not in used:
+        if (found := relevant_facts(facts, q, most=1, min_score=EXAMPLE_MIN_SCORE, name=name)) and found[0] not in used:
             used.add(found[0])
             answers.append((q, _answer(*found[0])))
     keyed = [f for f in facts if f[0] and f not in used]
     answers += [(f"What about the {k.lower()}?", _answer(k, v)) for k, v in keyed[: max(0, _N_FACT_EXAMPLES - len(answers))]]
-    offs = [(q, f"{DECLINE} {topic}, but I can help with questions about {name}.") for q, topic in _OFF_TOPIC_EXAMPLES]
+    offs = [(q, _example_decline(topic, name)) for q, topic in _OFF_TOPIC_EXAMPLES]
     answers = answers[:_N_FACT_EXAMPLES]
     out = []
     for i, ex in enumerate(answers):
@@ -201,7 +171,16 @@ def grounded_examples(name: str, facts) -> tuple[tuple[str, str], ...]:
     return tuple(out) if len(answers) > 1 else tuple(offs) + tuple(answers)
 
 
-DEFAULT_EXAMPLES = grounded_examples(DEFAULT_NAME, DEFAULT_FACTS)
+#: The default persona's examples, written out (as ``grounded_examples`` drew them from the word table before issue 28):
+#: importing this module loads no embedding model.
+DEFAULT_EXAMPLES = (
+    ("What are your hours?", "The opening hours are 7 am to 6 pm, Tuesday to Sunday."),
+    ("What's the weather like?", _example_decline("the weather", DEFAULT_NAME)),
+    ("Where can I find you?", "The address is 12 Harbor Street."),
+    ("Tell me a joke.", _example_decline("jokes", DEFAULT_NAME)),
+    ("Who owns the place?", "The owner is Maria."),
+    ("How much does it cost?", "The sourdough loaf costs 5 dollars."),
+)
 
 
 class PersonaError(ValueError):
@@ -243,32 +222,28 @@ class Persona:
         facts = tuple((str(k).strip(), str(v).strip().rstrip(".")) for k, v in (facts.items() if isinstance(facts, dict) else facts))
         if not facts:
             raise PersonaError("a grounded persona needs at least one fact")
-        if examples is None:
-            examples = grounded_examples(name, facts)
+        if examples is None:  # (the default persona's own, written out: DEFAULT_EXAMPLES)
+            examples = DEFAULT_EXAMPLES if (name, facts) == (DEFAULT_NAME, DEFAULT_FACTS) else grounded_examples(name, facts)
         return cls(system=grounded_system(name, facts, intro), examples=tuple((str(q), str(a)) for q, a in examples),
                    facts=facts, name=name)
 
     @classmethod
     def from_instructions(cls, text: str) -> Persona:
-        """The persona for a Realtime client's free-text ``instructions``: "key: value" lines
-        become facts, and so do the sentences of a text naming a business ("You answer the phone
-        for Rapid Wheels. The owner is Tom. ..."); the lines or first sentence that say who the
-        assistant is stay its introduction.  Text with no facts in it stays a plain system prompt."""
+        """The persona for a Realtime client's free-text ``instructions``, split by ``voice.persona.split_instructions``:
+        "key: value" lines and the sentences (or clauses) that state something become facts; the sentences saying who
+        the assistant is and how to talk stay its introduction.  Text with no facts in it (or one fact sentence and no
+        business named) stays a plain system prompt."""
+        from .persona import business_name, split_instructions
+
         text = text.strip()
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        facts = [m.groups() for ln in lines if (m := _KEY_VALUE.match(ln))]
-        name = _business_name(text)
-        # the rest says who the assistant is (a grounded persona's own text comes back whole: its rule
-        # sentence and its "Facts:" heading are not repeated)
-        intro = " ".join(ln for ln in lines if not _KEY_VALUE.match(ln) and not ln.endswith(":")).replace(_rules(name or "us"), "")
-        intro = " ".join(intro.split())
-        if not facts and name:
-            sentences = [x.strip() for x in _SENTENCE.split(" ".join(lines)) if x.strip()]
-            intro_sentences = [x for x in sentences if _ROLE.search(x)]
-            facts = [_sentence_fact(part) for x in sentences if x not in intro_sentences for part in _split_compound(x)]
-            intro = " ".join(intro_sentences)
-        if not facts:
+        # a grounded persona's own text comes back whole: its rule sentence and its "Facts:" heading are not repeated
+        name = business_name(text)
+        parsed = split_instructions(text.replace(_rules(name or "us"), ""))
+        facts = [(k, v) if k else _sentence_fact(v) for k, v in parsed.facts]
+        prose = [f for f, (k, _) in zip(facts, parsed.facts) if not k]
+        if not facts or (len(facts) == len(prose) and len(prose) < 2 and not name):
             return cls(system=text, examples=(), facts=())
+        intro = " ".join(" ".join([parsed.intro, *parsed.rules]).split())
         return cls.from_facts(name or "us", facts, intro=intro or None)
 
     @classmethod
@@ -295,17 +270,28 @@ class Persona:
         return cls(system=system, examples=examples)
 
     def turn(self, user_text: str, previous: str | None = None) -> tuple[list[dict], str]:
-        """The messages of one user turn and the text the answer starts with: for a grounded
-        persona the user's message, then a "Fact:" message with the facts that answer it (those of
-        the ``previous`` question when this one leans back on it), and a decline when none does."""
+        """The messages of one user turn and the text the answer starts with: for a grounded persona the user's
+        message, then a "Fact:" message with the facts that answer it (ranked by meaning, with the ``previous``
+        question for a follow-up that leans on it: ``relevant_facts``); when none does, "Fact: none." and the whole
+        answer is the decline (``decline``), which is said without asking the model."""
+        if user_text is None:  # the conversation going on, no new question
+            return [], ""
         msgs = [{"role": "user", "content": user_text}]
         if not self.grounded:
             return msgs, ""
-        chosen = relevant_facts(self.facts, user_text)
-        if not chosen and previous and _LEANS_BACK.search(user_text):
-            chosen = relevant_facts(self.facts, previous)
-        hint = "Fact: " + " ".join(_answer(k, v) for k, v in chosen) if chosen else "Fact: none."
-        return msgs + [{"role": "system", "content": hint}], "" if chosen else DECLINE
+        chosen = relevant_facts(self.facts, user_text, previous, name=self.name)
+        if not chosen:
+            return msgs + [{"role": "system", "content": "Fact: none."}], self.decline
+        shown = [_answer(k, v) for k, v in chosen]
+        return msgs + [{"role": "system", "content": "Fact: " + " ".join(shown)}], _lead(shown[0])
+
+    @property
+    def decline(self) -> str:
+        return decline(self.name)
+
+    def knowledge_text(self) -> str:
+        """Everything the operator gave this persona (the system text lists every fact): what a reply may state."""
+        return f"{self.system} {self.name}"
 
     def opening(self) -> list[dict]:
         msgs = [{"role": "system", "content": self.system}]
@@ -436,9 +422,10 @@ class LLMConversation:
         """Tokens of the prompt that answers ``user_text`` (``prompt_ids``)."""
         return len(self._turn(user_text)[0])
 
-    def _turn(self, user_text: str) -> tuple[list[int], str]:
-        """The prompt's ids and forced start; earlier exchanges are left out, oldest first, until the prompt and the
-        answer fit the context (the prompt alone may still not: ``stream`` then raises ContextLengthError)."""
+    def _turn(self, user_text: str | None) -> tuple[list[int], str, Persona, str]:
+        """The prompt's ids, forced start, the persona that answers and the facts shown with the question; earlier
+        exchanges are left out, oldest first, until the prompt and the answer fit the context (the prompt alone may still
+        not: ``stream`` then raises ContextLengthError)."""
         previous = next((m["content"] for m in reversed(self.history[len(self._opening):]) if m["role"] == "user"), None)
         persona = self.persona if self.instructions is None else Persona.from_instructions(self.instructions)
         opening = self._opening if persona is self.persona else persona.opening()
@@ -448,29 +435,53 @@ class LLMConversation:
         while True:
             ids = self.generator.encode_chat(context + msgs) + tail
             if len(ids) + self.max_tokens <= self.generator.n_ctx or len(context) <= len(opening):
-                return ids, start
+                shown = msgs[-1]["content"] if len(msgs) > 1 and msgs[-1]["role"] == "system" else ""
+                return ids, start, persona, shown.removeprefix("Fact: ").removesuffix("none.").strip()
             context = opening + context[len(opening) + 2:]
+
+    def guard(self, persona: Persona, user_text: str | None, facts: str = "") -> ReplyGuard:
+        """The reply's guard (``voice.guard``): it may state what ``persona``'s text and the conversation (every turn as
+        heard, and ``user_text``) contain; on anything else it says what the fact shown says, or that it does not
+        know."""
+        said = " ".join(str(m["content"]) for m in self.history[len(self._opening):])
+        known = knowledge(persona.knowledge_text(), said, user_text or "")
+        if facts:
+            fallback = f"Sorry, I'm not sure of that. What I can tell you: {facts}"
+        else:
+            fallback = "Sorry, I don't have that information." if persona.grounded else "Sorry, I'm not sure of that."
+        return ReplyGuard(known, fallback)
 
     def prompt_ids(self, user_text: str) -> list[int]:
         """The whole prompt of the answer to ``user_text``: ``context()``, the user's message (with a
         grounded persona, the facts that answer it after it) and the answer's forced start, if any."""
         return self._turn(user_text)[0]
 
-    def reply(self, user_text: str) -> Iterator[str]:
+    def reply(self, user_text: str | None) -> Iterator[str]:
         """Text pieces of the answer; the first ``next()`` pays the prefill of the new tokens.  When it ends (or is
-        closed), ``last_usage`` holds its token counts."""
+        closed), ``last_usage`` holds its token counts.  A grounded persona's decline is said as it is, without the model;
+        every other answer goes through the reply's guard (``guard``), which holds each word until it is whole and stops
+        the answer at a number, time, name or password the persona and the conversation do not contain (or at a
+        repeat), so the phrases cut from what it yields were all checked."""
         self._sim0 = self._sim_now()
-        ids, start = self._turn(user_text)
+        ids, start, persona, facts = self._turn(user_text)
         self.instructions = None  # (one reply's)
         cached = min(common_prefix(self.generator.cached, ids), len(ids) - 1)
         out = 0
         try:
-            if start:
+            if persona.grounded and start == persona.decline:
                 yield start
+                return
+            guard = self.guard(persona, user_text, facts)
+            if start and (text := guard.feed(start)):
+                yield text
             for piece in self.generator.stream(ids, max_tokens=self.max_tokens, sampling=self.sampling):
                 out += piece.token_id >= 0
-                if piece.text:
-                    yield piece.text
+                if piece.text and (text := guard.feed(piece.text)):
+                    yield text
+                if guard.stopped:
+                    break
+            if text := guard.finish():
+                yield text
         finally:
             self.last_usage = Usage(input_tokens=len(ids), cached_tokens=max(0, cached), output_tokens=out)
 

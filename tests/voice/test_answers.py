@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from voice.llm import DECLINE, DEFAULT_FACTS, DEFAULT_SYSTEM, LLMConversation, Persona, PersonaError, relevant_facts
+from voice.llm import DECLINE, DEFAULT_FACTS, DEFAULT_SYSTEM, LLMConversation, Persona, PersonaError, decline, relevant_facts
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "answers.py"
 
@@ -30,28 +30,29 @@ DENTIST = {"Hours": "8 am to 5 pm, Monday to Friday", "Weekends": "closed", "Add
 
 
 def keys(facts, question):
-    return [k for k, _ in relevant_facts(facts, question)]
+    name = "Bright Bakery" if tuple(facts) == DEFAULT_FACTS else "Clearview Dental"
+    return [k for k, _ in relevant_facts(facts, question, name=name)]
 
 
-# -- which facts answer a question -------------------------------------------------------------------
+# -- which facts answer a question (by meaning: tests/voice/test_retrieval.py has more) ------------------------
 
 @pytest.mark.parametrize("question, expected", [
     ("Who runs the bakery?", ["Owner"]),
     ("Where are you located?", ["Address"]),
     ("When do you close in the evening?", ["Opening hours"]),
     ("And a sourdough loaf?", ["Sourdough loaf"]),
-    ("What's the weather like today?", []),
     ("Who won the football game last night?", []),  # "who" alone is not about the owner
+    ("Can you tell me a joke?", []),
 ])
 def test_relevant_facts_of_the_default_persona(question, expected):
-    assert keys(DEFAULT_FACTS, question) == expected
+    assert keys(DEFAULT_FACTS, question)[:1] == expected
 
 
-def test_a_day_outweighs_the_word_open():
+def test_a_day_or_a_price_finds_its_fact():
     facts = list(DENTIST.items())
-    assert keys(facts, "Are you open on Saturday?") == ["Weekends"]
-    assert keys(facts, "What time do you open?") == ["Hours"]
-    assert keys(facts, "How much is a cleaning?") == ["Cleaning"]
+    assert keys(facts, "Are you open on Saturday?")[0] == "Weekends"
+    assert keys(facts, "What time do you open?")[0] == "Hours"
+    assert keys(facts, "How much is a cleaning?")[0] == "Cleaning"
 
 
 # -- personas ------------------------------------------------------------------------------------------
@@ -65,25 +66,25 @@ def test_the_default_persona_is_grounded_and_its_examples_end_with_a_fact():
     roles = [m["role"] for m in msgs[1:]]
     assert roles == ["user", "system", "assistant"] * len(p.examples)
     assert msgs[-2]["content"].startswith("Fact: ") and msgs[-2]["content"] != "Fact: none."
-    declines = [m for m in msgs if m["role"] == "assistant" and m["content"].startswith(DECLINE)]
+    declines = [m for m in msgs if m["role"] == "assistant" and m["content"].startswith("I'm afraid I don't know about")]
     assert len(declines) == 2 and len({m["content"] for m in declines}) == 2
 
 
-def test_a_turn_carries_its_facts_or_starts_a_decline():
+def test_a_turn_carries_its_facts_and_starts_with_the_best_one_or_is_the_decline():
     p = Persona()
     msgs, start = p.turn("Who is the owner?")
     assert msgs == [{"role": "user", "content": "Who is the owner?"}, {"role": "system", "content": "Fact: The owner is Maria."}]
-    assert start == ""
+    assert start == "The owner"  # the answer goes on with the fact, not with the last example's answer
     msgs, start = p.turn("Tell me a story.")
-    assert msgs[1]["content"] == "Fact: none." and start == DECLINE
+    assert msgs[1]["content"] == "Fact: none." and start == p.decline == decline("Bright Bakery")
+    assert start.startswith(DECLINE) and len(start.split()) <= 20 and not any(c.isdigit() for c in start)
 
 
 def test_a_follow_up_that_leans_back_takes_the_previous_questions_facts():
     p = Persona()
     msgs, start = p.turn("How much is it?", previous="Do you have croissants?")
-    assert msgs[1]["content"] == "Fact: The croissant costs 2 dollars." and start == ""
-    assert p.turn("How much is it?")[1] == DECLINE  # no previous question: nothing to lean on
-    assert p.turn("Can you tell me a joke?", previous="Do you have croissants?")[1] == DECLINE  # does not lean back
+    assert msgs[1]["content"].startswith("Fact: The croissant costs 2 dollars.") and start == "The croissant"
+    assert p.turn("Can you tell me a joke?", previous="Do you have croissants?")[1] == p.decline  # does not lean back
 
 
 def test_a_plain_persona_is_not_grounded():
@@ -101,7 +102,7 @@ def test_from_facts_builds_the_system_text_and_examples():
     assert all(f"- {k}: {v}." in p.system for k, v in DENTIST.items())
     answers = [a for _, a in p.examples]
     assert "The hours are 8 am to 5 pm, Monday to Friday." in answers and "The address is 40 Elm Avenue." in answers
-    assert "The cleaning costs 90 dollars." in answers
+    assert "The dentist is Dr. Lena Patel." in answers
     with pytest.raises(PersonaError):
         Persona.from_facts("Nobody", {})
 
@@ -171,10 +172,23 @@ def test_context_is_the_prompts_prefix(generator):
     assert llm.context() == Persona().opening()  # history_turns=0: the last answer is not shown
 
 
-def test_a_decline_streams_its_start_first(generator):
+def test_a_decline_is_said_without_the_model(generator):
     llm = LLMConversation(generator)
     pieces = list(llm.reply("Can you sing me a song?"))
-    assert pieces[0] == DECLINE and len("".join(pieces)) > len(DECLINE)
+    assert pieces == [llm.persona.decline] and llm.last_usage.output_tokens == 0
+
+
+def test_a_reply_is_guarded(generator):
+    """The guard stands between the model and the phrases: a reply on the real model states no figure that the persona
+    and the conversation lack, whatever it was asked."""
+    from voice.guard import knowledge, unsupported
+
+    text = "You answer the phone for Rapid Wheels, a bike shop. The owner is Tom Baker. A tune-up costs 60 dollars."
+    llm = LLMConversation(generator, persona=Persona.from_instructions(text))
+    for q in ("How much is a tune-up?", "What's the price of a new chain?", "What time do you close on Friday?"):
+        reply = "".join(llm.reply(q))
+        assert reply and not unsupported(reply, knowledge(text, q)), (q, reply)
+        llm.commit(q, reply)
 
 
 def test_one_replys_instructions_ground_that_reply_only(generator):

@@ -1,0 +1,83 @@
+"""``voice.persona``: what an operator wrote, split into the assistant's intro, its rules of speech, and facts (one
+thing each), from prose as a Realtime client's ``instructions`` carry it or from ``key: value`` lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from voice.persona import business_name, clauses, sentences, split_instructions, subject
+
+HOTEL = ("You are Ava, the virtual front desk agent for the Harborview Inn in Portland. Check-in begins at 3 PM and "
+         "check-out is by 11 AM. Guests can park in our garage for $18 a night. The pharmacist is Dr. Priya Raman. "
+         "Breakfast is served from 6:30 a.m. to 10 in the Lighthouse Room. Our address is 1200 Canal Road, Unit B. "
+         "Keep answers short and friendly, and never make up information.")
+
+
+def test_sentences_do_not_end_at_titles_times_or_prices():
+    assert sentences(HOTEL) == [
+        "You are Ava, the virtual front desk agent for the Harborview Inn in Portland.",
+        "Check-in begins at 3 PM and check-out is by 11 AM.",
+        "Guests can park in our garage for $18 a night.",
+        "The pharmacist is Dr. Priya Raman.",
+        "Breakfast is served from 6:30 a.m. to 10 in the Lighthouse Room.",
+        "Our address is 1200 Canal Road, Unit B.",  # a unit's letter ends the sentence; an initial would not
+        "Keep answers short and friendly, and never make up information.",
+    ]
+    assert sentences("Ask for J. Smith. He is in.") == ["Ask for J. Smith.", "He is in."]
+
+
+@pytest.mark.parametrize("sentence, parts", [
+    ("Check-in begins at 3 PM and check-out is by 11 AM.", ["Check-in begins at 3 PM.", "Check-out is by 11 AM."]),
+    ("A drop-in class is $22, a ten-class pass is $180, and an unlimited month is $120.",
+     ["A drop-in class is $22.", "A ten-class pass is $180.", "An unlimited month is $120."]),
+    ("Store hours are 9 to 6; we're closed Sunday and Monday.", ["Store hours are 9 to 6.", "We're closed Sunday and Monday."]),
+    # no subject of its own: the clause stays with its sentence
+    ("A basic tune-up is $65 and takes two to three days.", ["A basic tune-up is $65 and takes two to three days."]),
+    ("We're open weekdays 8 AM to 9 PM, Saturdays 9 to 6, and Sundays 10 to 4.",
+     ["We're open weekdays 8 AM to 9 PM, Saturdays 9 to 6, and Sundays 10 to 4."]),
+    ("We're open every day from 10 to 8, except Wednesdays when we close at 5.",
+     ["We're open every day from 10 to 8, except Wednesdays when we close at 5."]),
+    ("Dr. Hannah Brooks and Dr. Omar Said see patients on Mondays.", ["Dr. Hannah Brooks and Dr. Omar Said see patients on Mondays."]),
+])
+def test_clauses_cut_where_a_sentence_states_two_things(sentence, parts):
+    assert clauses(sentence) == parts
+
+
+def test_split_prose_instructions():
+    parsed = split_instructions(HOTEL)
+    assert parsed.name == "Harborview Inn"
+    assert parsed.intro == "You are Ava, the virtual front desk agent for the Harborview Inn in Portland."
+    assert parsed.rules == ("Keep answers short and friendly, and never make up information.",)
+    assert [v for k, v in parsed.facts] == [
+        "I am Ava, the virtual front desk agent for the Harborview Inn in Portland",  # the intro, said by the assistant
+        "Check-in begins at 3 PM", "Check-out is by 11 AM", "Guests can park in our garage for $18 a night",
+        "The pharmacist is Dr. Priya Raman", "Breakfast is served from 6:30 a.m. to 10 in the Lighthouse Room",
+        "Our address is 1200 Canal Road, Unit B",
+    ]
+    assert all(k == "" for k, _ in parsed.facts)
+
+
+def test_an_intro_that_only_names_the_business_is_no_fact():
+    parsed = split_instructions("You are the assistant for Lotus Flow Yoga studio. A drop-in class is $22. Be warm.")
+    assert parsed.name == "Lotus Flow Yoga" and parsed.facts == (("", "A drop-in class is $22"),)
+    assert parsed.rules == ("Be warm.",)
+
+
+def test_split_key_value_lines_and_prose_together():
+    text = "You are the receptionist of Clearview Dental. Be brief.\nHours: 8 am to 5 pm.\nParking: free.\nWe take Cigna."
+    parsed = split_instructions(text)
+    assert parsed.name == "Clearview Dental" and parsed.rules == ("Be brief.",)
+    assert parsed.facts == (("Hours", "8 am to 5 pm"), ("Parking", "free"), ("", "We take Cigna"))
+
+
+def test_business_name_after_the():
+    assert business_name("You are Ava, the front desk agent for the Harborview Inn in Portland.") == "Harborview Inn"
+    assert business_name("This is the voice assistant for Gearhead Cycles, a bike shop.") == "Gearhead Cycles"
+    assert business_name("Answer in French.") == ""
+
+
+def test_subject_is_what_a_fact_is_about():
+    assert subject("Owner", "Maria") == "Owner"
+    assert subject("", "Check-out is by 11 AM") == "Check-out"
+    assert subject("", "Guests can park in our garage for $18 a night") == "Guests"
+    assert subject("", "Is it free") == "Is it free"  # no words before the verb: the sentence itself

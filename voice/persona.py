@@ -1,0 +1,161 @@
+"""What an operator wrote, split into what the assistant is, how it should talk, and the facts it may state.
+
+A Realtime client's ``instructions`` are usually a paragraph ("You are Ava, the front desk agent for the Harborview
+Inn. Check-in begins at 3 PM and check-out is by 11 AM. ... Keep answers short."), sometimes ``key: value`` lines.
+``split_instructions`` cuts either into:
+
+- ``intro``: the sentences that say who the assistant is ("You are ...", "This is the voice assistant for ...");
+  they are facts too (the intro often names the owner or the place), said in the first person;
+- ``rules``: sentences that tell the assistant how to talk ("Keep answers short.", "Don't give medical advice."),
+  which are no facts;
+- ``facts``: every other sentence, cut further into clauses where a sentence states two things each with its own
+  subject ("Check-in begins at 3 PM and check-out is by 11 AM." -> two facts), so that the fact shown with a
+  question says one thing; ``key: value`` lines stay pairs.
+
+Plain text rules, no word lists about businesses: what a fact *means* is left to ``voice.retrieval``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: A dot after these ends no sentence ("Dr. Priya Raman", "St. Mary's", "e.g. a mat").
+_ABBREVIATIONS = frozenset("dr mr mrs ms mx prof st jr sr vs e.g i.e etc approx no ste apt mt ft".split())
+#: A dot after these ends a sentence only before a capital letter ("open 9 a.m. to 5" vs "until 5 p.m. We ...").
+_TIME_DOTS = frozenset({"a.m", "p.m"})
+#: How a sentence that tells the assistant how to behave starts (an imperative, or a rule about the answers).
+_RULE = re.compile(r"^(?:please\s+)?(?:be|keep|answer|talk|speak|respond|reply|use|avoid|don't|do not|never|always|make sure|"
+                   r"remember|stay|sound|greet|try|refer|act|only|politely|kindly|feel free)\b|"
+                   r"\b(?:your (?:answers|replies|responses|tone)|you (?:should|must|may not|never|always))\b", re.I)
+#: A sentence saying who the assistant is.
+_INTRO = re.compile(r"^(?:you are|you're|you answer|you work|you handle|you take|your name is|"
+                    r"this is the (?:\w+ ){0,3}(?:assistant|receptionist|agent|helper|line))\b", re.I)
+#: A finite verb: a clause after ", and" / ";" that has a subject and one of these states a fact of its own.
+_VERB = re.compile(r"\b(?:is|are|was|were|has|have|costs?|runs?|opens?|closes?|starts?|begins?|ends?|takes?|comes?|gets?|"
+                   r"offers?|accepts?|serves?|sees?|delivers?|includes?|can|will|must|needs?|lasts?|stays?|"
+                   r"[a-z]+ed)\b|'s\b|'re\b", re.I)
+#: A clause that starts with one of these has no subject of its own ("... and takes two days"): it stays with its sentence.
+_NO_SUBJECT = re.compile(r"^(?:is|are|was|were|has|have|costs?|runs?|opens?|closes?|starts?|begins?|ends?|takes?|comes?|"
+                         r"gets?|offers?|accepts?|serves?|sees?|delivers?|includes?|can|will|must|needs?|lasts?|stays?|"
+                         r"then|also|so|not|from|to|on|at|in|by|for|with|until|till|or|plus|bring|just|except|unless|when|if|"
+                         r"which|who|where|because|since|after|before|as|though|although|including)\b", re.I)
+#: A capital letter after these is a unit's or a room's letter ("Unit B."), not an initial: its dot may end a sentence.
+_LETTERED = frozenset("unit suite building room gate door floor level hall block lot wing section plan grade type".split())
+_KEY_VALUE = re.compile(r"^[-*\u2022]?\s*([A-Za-z][\w '&/-]{0,40}?)\s*:\s*(\S.*?)\.?$")
+_NAME = re.compile(r"\b(?:of|for|at|from|called|named)\s+(?:the\s+)?((?:[A-Z][\w'&-]*)(?:\s+(?:[A-Z][\w'&-]*|&))*)")
+_FIRST_PERSON = ((r"\byou are\b", "I am"), (r"\byou're\b", "I'm"), (r"\byour\b", "my"), (r"\byou\b", "I"))
+
+
+@dataclass(frozen=True, slots=True)
+class Instructions:
+    """``split_instructions``' result: ``facts`` are (key, value) pairs, key "" for a fact sentence."""
+
+    intro: str
+    rules: tuple[str, ...]
+    facts: tuple[tuple[str, str], ...]
+    name: str
+
+
+def sentences(text: str) -> list[str]:
+    """``text`` cut into sentences: at ``.!?`` and line ends, not at the dot of a title, an initial, a number ("7.30",
+    "$2.50") or "a.m." before a small letter."""
+    out, start = [], 0
+    text = text.strip()
+    for m in re.finditer(r"[.!?]+[\"')\]]*(?=\s)|\n", text):
+        end = m.end()
+        if m.group() != "\n" and m.group()[0] == ".":
+            word = re.search(r"(?:([A-Za-z]+)\s+)?([A-Za-z.]+)\.*$", text[start:m.start() + 1])
+            key = word.group(2).rstrip(".").lower() if word else ""
+            before = (word.group(1) or "").lower() if word else ""
+            nxt = text[end:].lstrip()[:1]
+            if key in _ABBREVIATIONS or (len(key) == 1 and key.isalpha() and before not in _LETTERED):
+                continue
+            if key in _TIME_DOTS and not nxt.isupper():
+                continue
+        if part := text[start:end].strip():
+            out.append(part)
+        start = end
+    if rest := text[start:].strip():
+        out.append(rest)
+    return out
+
+
+def _has_subject_and_verb(clause: str) -> bool:
+    words = clause.split()
+    return len(words) >= 3 and not _NO_SUBJECT.match(clause) and bool(_VERB.search(" ".join(words[1:])))
+
+
+def clauses(sentence: str) -> list[str]:
+    """A sentence cut where it states two things, each with a subject and a verb: at ";" and before ", and" / "and" /
+    ", but" / a comma when what follows is such a clause ("Check-in begins at 3 PM and check-out is by 11 AM.");
+    a list with no verb of its own stays whole ("open weekdays 8 to 9, Saturdays 9 to 6")."""
+    body = sentence.strip().rstrip(".!")
+    out = []
+    for part in re.split(r"\s*;\s*", body):
+        pieces = re.split(r",?\s+(?:and|but|while|whereas)\s+|,\s+", part)
+        # glue back every piece that is not a clause of its own to the one before it
+        glued: list[str] = []
+        seps = re.findall(r",?\s+(?:and|but|while|whereas)\s+|,\s+", part)
+        for i, piece in enumerate(pieces):
+            if glued and not (_has_subject_and_verb(piece) and _has_subject_and_verb(glued[-1])):
+                glued[-1] += seps[i - 1] + piece
+            else:
+                glued.append(piece)
+        out += glued
+    return [_sentence_case(p) for p in out if p.strip()]
+
+
+def _sentence_case(text: str) -> str:
+    text = text.strip()
+    return text[:1].upper() + text[1:] + ("" if text[-1:] in ".!?" else ".")
+
+
+def first_person(sentence: str) -> str:
+    """"You are Ava, the front desk agent ..." -> "I am Ava, the front desk agent ..." (the assistant's own words)."""
+    for pattern, repl in _FIRST_PERSON:
+        sentence = re.sub(pattern, repl, sentence, flags=re.I)
+    return _sentence_case(sentence)
+
+
+def business_name(text: str) -> str:
+    """The business the instructions name: in the sentence saying who the assistant is ("... the front desk agent for
+    the Harborview Inn in Portland" -> "Harborview Inn"), else in any sentence; "" if none."""
+    found = [s for s in sentences(text) if _INTRO.search(s)] + sentences(text)
+    for s in found:
+        if m := _NAME.search(s):
+            return m.group(1)
+    return ""
+
+
+def split_instructions(text: str) -> Instructions:
+    """``text`` as intro, rules and facts (see the module's docstring)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    pairs = [m.groups() for ln in lines if (m := _KEY_VALUE.match(ln)) and not re.match(r"^(?:note|facts?)$", m.group(1), re.I)]
+    prose = " ".join(ln for ln in lines if not _KEY_VALUE.match(ln) and not ln.endswith(":"))
+    intro, rules, facts = [], [], [(k.strip(), v.strip().rstrip(".")) for k, v in pairs]
+    for s in sentences(prose):
+        if _INTRO.search(s):
+            intro.append(s)
+            if _has_content(s):
+                facts.append(("", first_person(s).rstrip(".")))
+        elif _RULE.search(s):
+            rules.append(s)
+        else:
+            facts += [("", c.rstrip(".")) for c in clauses(s)]
+    return Instructions(intro=" ".join(intro), rules=tuple(rules), facts=tuple(facts), name=business_name(text))
+
+
+def _has_content(intro_sentence: str) -> bool:
+    """Whether an intro sentence says more than who the assistant is and for whom (an owner, a year, a place:
+    "... Gearhead Cycles, a family-owned bike shop run by Luis Ortega since 2009")."""
+    return len(intro_sentence.split()) > 12 or bool(re.search(r"\d|\b(?:run|owned|founded|since|in|located)\b", intro_sentence))
+
+
+def subject(key: str, value: str) -> str:
+    """What a fact is about: its key, or the words of a fact sentence before its first verb ("Check-out is by 11 AM" ->
+    "Check-out", "Guests can park in our garage ..." -> "Guests"); the whole sentence when it opens with its verb."""
+    if key:
+        return key
+    m = _VERB.search(value)
+    return value[:m.start()].strip(" ,") if m and m.start() > 0 else value

