@@ -229,7 +229,8 @@ class OverlapPolicy:
         if ov.quiet:
             return True  # transcribed at once, or decided on what it said
         end = self.input.end_sample
-        return end >= ov.next_check or (end - ov.first_voiced) * 1000 / ASR_RATE >= self.cfg.interruption.max_speech_ms
+        speech_ms = (end - ov.first_voiced) * 1000 / ASR_RATE
+        return end >= ov.next_check or judge(ov.text, speech_ms, False, self.cfg.interruption) is not Verdict.WAIT
 
     def _overlap_holds(self, r: Response, index: int, pcm: np.ndarray | None) -> bool:
         """``_play`` asks: keep this piece of the answer's audio until the overlap is judged (True), or play it."""

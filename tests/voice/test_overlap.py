@@ -177,3 +177,16 @@ def test_immediate_mode_and_barge_in_off_are_unchanged():
     s = _scene("Uh-huh.", config=LoopConfig(interruption=InterruptionConfig(mode="immediate")))
     s.at(OVER.sample, OVER)
     assert s.loop.barge_ins and not any(isinstance(e, OutputPaused) for e in s.events)
+
+
+def test_backchannel_words_going_on_are_waited_for_without_spinning():
+    """Past ``max_speech_ms`` with only backchannel words heard, the loop has no work until the next check (it would
+    otherwise be woken for nothing, over and over, without the input moving on)."""
+    s = _scene("Yeah, yeah", "Yeah, yeah, okay", "Yeah, yeah, okay, right", "Yeah, yeah, okay, right", "x", config=LoopConfig(
+        interruption=InterruptionConfig(check_ms=600)))
+    s.at(OVER.sample, OVER)
+    s.silence_until(48640)  # 0.54 s: checked, backchannel words: wait
+    s.silence_until(56960)  # 1.06 s: past max_speech_ms, the next check at 1.14 s
+    assert not s.loop.has_work() and s.loop.barge_ins == []
+    s.silence_until(72640)  # 2 s of it: an interruption whatever it says
+    assert len(s.loop.barge_ins) == 1
