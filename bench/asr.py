@@ -1,10 +1,22 @@
-"""Whisper tiny.en: our decoder (voice/whisper_decoder.py, the decode core's kernels) vs CTranslate2's, same encoder.
+"""Word error per Whisper model on a set, with and without the persona's vocabulary; and our decoder vs CTranslate2's.
 
-    .venv/bin/python bench/asr.py [--rounds 5] [--files samples/*.wav]
+    .venv/bin/python bench/asr.py [--set own|heldout|human|FOLDER] [--models tiny.en,base] [--vocabulary both|on|off]
+    .venv/bin/python bench/asr.py --decoders [--rounds 5] [--files samples/*.wav]
 
-Each round transcribes every file with both transcribers, alternating, as the voice loop calls them (numpy's BLAS
-on one thread, as ``load_engines`` sets it). Per file the medians over rounds; then the median over files of our
-time, theirs, and the ratio (theirs / ours, so > 1 is faster); the decoding alone by part on the first file
+**Word error** (the default): every utterance of the set (``SETS``; the name is printed first) is transcribed by each
+model (``voice.asr.ASR_MODELS``) as the voice loop does (``WhisperTranscriber.transcribe``, our decoder), without and
+with the default persona's vocabulary as Whisper's initial prompt (``voice.engines.vocabulary``). Printed per model and
+vocabulary: the word error over the set (word edits over reference words, after ``norm_words``: numbers as digits,
+"dot com" as written), per voice, the persona's words heard right (``PERSONA_WORDS`` in the references), and the median
+transcription time (its cost on the critical path: the ASR runs between the endpoint and the first token). Sets:
+``own`` is the samples the project was built on (samples/*.wav and samples/turntaking), ``heldout`` the held-apart
+synthetic voices (samples/heldout/asr and samples/heldout/turntaking), ``human`` recordings of people
+(samples/heldout/human). See samples/heldout/README.md.
+
+**Decoders** (``--decoders``): Whisper tiny.en, our decoder (voice/whisper_decoder.py, the decode core's kernels) vs
+CTranslate2's, same encoder. Each round transcribes every file with both transcribers, alternating, as the voice loop
+calls them (numpy's BLAS on one thread, as ``load_engines`` sets it). Per file the medians over rounds; then the
+median over files of our time, theirs, and the ratio (theirs / ours, so > 1 is faster); the decoding alone by part on the first file
 (encoder, cross keys and values, the greedy steps); and how many transcripts are the same.
 """
 
@@ -65,11 +77,171 @@ def by_part(ours, audio: np.ndarray, rounds: int) -> dict[str, float]:
     return out
 
 
+# -- word error ------------------------------------------------------------------------------------------------------
+
+SAMPLES = ROOT / "samples"
+#: name -> the manifests whose items are (file, text) pairs
+SETS = {
+    "own": (SAMPLES / "manifest.json", SAMPLES / "turntaking" / "manifest.json"),
+    "heldout": (SAMPLES / "heldout" / "asr" / "manifest.json", SAMPLES / "heldout" / "turntaking" / "manifest.json"),
+    "human": (SAMPLES / "heldout" / "human" / "manifest.json",),
+}
+#: the persona's words whose hearing is counted on its own (they are in the vocabulary)
+PERSONA_WORDS = ("sourdough", "croissant", "croissants", "harbor", "bright", "bakery", "maria", "maple")
+
+_UNITS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+          "seventeen eighteen nineteen").split()
+_TENS = {w: 10 * i for i, w in enumerate("_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()) if w != "_"}
+_ORDINALS = {"first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7, "eighth": 8,
+             "ninth": 9, "tenth": 10, "eleventh": 11, "twelfth": 12, "thirteenth": 13, "fourteenth": 14, "fifteenth": 15,
+             "sixteenth": 16, "seventeenth": 17, "eighteenth": 18, "nineteenth": 19, "twentieth": 20, "thirtieth": 30}
+_SAME = {"mr": "mister", "mrs": "missus", "dr": "doctor", "ok": "okay", "oh": "zero"}
+
+
+def norm_words(text: str) -> list[str]:
+    """A transcript's words as scored here: lower case, punctuation and hyphens as spaces, "x.com" as "x dot com",
+    "$5" as "5 dollars", a few spellings made one ("mr" "mister"), numbers as digits and every number split into its
+    digits, so "three one two", "312" and "three hundred twelve" differ only as speech differs ("forty two" and "42"
+    are the same)."""
+    import re
+
+    t = text.lower()
+    t = re.sub(r"(?<=[a-z0-9])\.(?=(com|org|net)\b)", " dot ", t)
+    t = re.sub(r"\$(\d+)", r"\1 dollars", t)
+    t = t.replace("@", " at ")
+    t = re.sub(r"(\d)(st|nd|rd|th)\b", r"\1", t)
+    t = re.sub(r"(?<=\d)[,:](?=\d)", "", t)
+    raw = re.sub(r"[^a-z0-9' ]", " ", t).split()
+    raw = [_SAME.get(w, w) for w in raw]
+    out: list[str] = []
+    i = 0
+    while i < len(raw):
+        w = raw[i]
+        if w in _TENS or w in _UNITS or w in _ORDINALS or (w == "hundred" and out and out[-1].isdigit()):
+            value = None
+            if w in _TENS:
+                value = _TENS[w]
+                nxt = raw[i + 1] if i + 1 < len(raw) else ""
+                if nxt in _UNITS and 0 < _UNITS.index(nxt) < 10:
+                    value += _UNITS.index(nxt)
+                    i += 1
+                elif nxt in _ORDINALS and _ORDINALS[nxt] < 10:
+                    value += _ORDINALS[nxt]
+                    i += 1
+            elif w in _UNITS:
+                value = _UNITS.index(w)
+            elif w in _ORDINALS:
+                value = _ORDINALS[w]
+            else:  # "one hundred" -> 100
+                value = int(out.pop()) * 100
+                nxt = raw[i + 1: i + 3]
+                if nxt and nxt[0] == "and":
+                    i += 1
+            out.append(str(value))
+        else:
+            out.append(w)
+        i += 1
+    return [d for w in out for d in (list(w) if w.isdigit() else [w])]
+
+
+def wer(reference: str, hypothesis: str) -> tuple[int, int]:
+    """(word edits, reference words) under ``norm_words``."""
+    from voice.replay import edit_distance
+
+    ref = norm_words(reference)
+    return edit_distance(ref, norm_words(hypothesis)), len(ref)
+
+
+def set_items(name: str) -> list[tuple[Path, str, str]]:
+    """(file, reference text, voice) of every utterance of the set ``name`` (or of a folder's manifest.json)."""
+    import json
+
+    manifests = SETS.get(name) or (Path(name) / "manifest.json",)
+    out = []
+    for m in manifests:
+        if not m.is_file():
+            raise SystemExit(f"--set {name}: {m} is missing")
+        data = json.loads(m.read_text())
+        items = data.get("items") or data.get("turns") or {}
+        for file, meta in items.items():
+            out.append((m.parent / file, meta["text"], meta.get("voice", "?")))
+    return out
+
+
+def word_error(args) -> int:
+    import statistics
+
+    from voice.asr import WhisperTranscriber
+    from voice.engines import one_blas_thread, vocabulary
+    from voice.llm import Persona
+
+    one_blas_thread()
+    items = set_items(args.set)
+    where = SETS.get(args.set, (Path(args.set) / "manifest.json",))
+    print(f"set: {args.set} ({len(items)} utterances from {', '.join(str(m.parent.relative_to(ROOT)) for m in where)})", flush=True)
+    voc = vocabulary(Persona())
+    modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.vocabulary]
+    print(f"vocabulary (the default persona's): {voc!r}")
+    audios = [load(f) for f, _, _ in items]
+    rows = []
+    for model in args.models.split(","):
+        t0 = time.perf_counter()
+        asr = WhisperTranscriber(model=model, vocabulary=voc)
+        load_s = time.perf_counter() - t0
+        asr.warmup()
+        for with_voc in modes:
+            edits = words = hits = persona_total = 0
+            by_voice: dict[str, list[int]] = {}
+            ms = []
+            for (f, ref, voice), audio in zip(items, audios):
+                tr = asr.transcribe(audio, prompt=None if with_voc else "")
+                ms.append(tr.compute_ms)
+                e, n = wer(ref, tr.text)
+                edits, words = edits + e, words + n
+                v = by_voice.setdefault(voice, [0, 0])
+                v[0], v[1] = v[0] + e, v[1] + n
+                heard = set(norm_words(tr.text))
+                for w in norm_words(ref):
+                    if w in PERSONA_WORDS:
+                        persona_total += 1
+                        hits += w in heard
+                if args.verbose:
+                    print(f"  {model:7s} {'voc' if with_voc else '   '} {f.name:48s} {e}/{n}  {ref!r} -> {tr.text!r}")
+            row = {"model": model, "vocabulary": with_voc, "wer": edits / max(1, words), "edits": edits, "words": words,
+                   "persona_hits": hits, "persona_words": persona_total, "ms_p50": statistics.median(ms),
+                   "ms_p95": sorted(ms)[int(0.95 * (len(ms) - 1))], "load_s": load_s,
+                   "by_voice": {k: v[0] / max(1, v[1]) for k, v in sorted(by_voice.items())}}
+            rows.append(row)
+            print(f"{model:8s} vocabulary {'on ' if with_voc else 'off'}: word error {row['wer']:.3f} ({edits}/{words}), "
+                  f"persona words heard {hits}/{persona_total}, transcription p50 {row['ms_p50']:.0f} / p95 "
+                  f"{row['ms_p95']:.0f} ms (load {load_s:.1f} s)", flush=True)
+    print("\nword error by voice:")
+    voices = sorted({v for r in rows for v in r["by_voice"]})
+    heads = [f"{r['model']}{'+voc' if r['vocabulary'] else ''}" for r in rows]
+    print(f"  {'voice':34s} " + " ".join(f"{h:>12s}" for h in heads))
+    for v in voices:
+        print(f"  {v:34s} " + " ".join(f"{r['by_voice'].get(v, float('nan')):12.3f}" for r in rows))
+    print(f"set: {args.set}")
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps({"set": args.set, "vocabulary": voc, "rows": rows}, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=5, help="rounds over the files (default 5)")
-    ap.add_argument("--files", nargs="*", type=Path, help="WAV files (default: the 16 sample turns in samples/)")
+    ap.add_argument("--set", default="own", help=f"word error on this set: {', '.join(SETS)} or a folder (default own)")
+    ap.add_argument("--models", default="tiny.en", help="comma-separated Whisper models (default tiny.en)")
+    ap.add_argument("--vocabulary", choices=("both", "on", "off"), default="both", help="with the persona's vocabulary or not")
+    ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print every transcript")
+    ap.add_argument("--decoders", action="store_true", help="tiny.en: our decoder vs CTranslate2's (speed)")
+    ap.add_argument("--rounds", type=int, default=5, help="--decoders: rounds over the files (default 5)")
+    ap.add_argument("--files", nargs="*", type=Path, help="--decoders: WAV files (default: the 16 sample turns in samples/)")
     args = ap.parse_args(argv)
+    if not args.decoders and not args.files:
+        return word_error(args)
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     files = args.files or sorted((ROOT / "samples").glob("*.wav"))

