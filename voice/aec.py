@@ -227,6 +227,10 @@ class EchoCanceller:
         self._since = 0
         self.delays: list[tuple[int, int]] = []  # (clock sample, delay taken) each time it changed
         self.dtd = 0.0  # the last block's double-talk measure (error over the echo expected; > 1: the user speaks)
+        self.erl = 1.0  # the microphone's power over the reference envelope's while only the agent speaks (``_near``)
+        self._hang = 0  # blocks the double talk is held for
+        self._xe = self._dd = 0.0
+        self.linear: list[np.ndarray] | None = None  # a list here collects each block's error before the suppressor
 
     def _bulk(self, delay: int) -> int:
         """Whole blocks the first partition starts behind: a block before the direct path (its onset may be early)."""
@@ -291,12 +295,36 @@ class EchoCanceller:
             # (double talk) makes the background worse, never the output
             e_b = d - np.fft.irfft(np.sum(self.W * Xs, axis=0))[B:]
             e = d - np.fft.irfft(np.sum(self.Wf * Xs, axis=0))[B:]
+            self._near(d)
             self._adapt(Xs, e_b)
             self._compare(d, e, e_b)
         else:
             e = d.astype(np.float64)
+        if self.linear is not None:
+            self.linear.append(e.astype(np.float32))
         self.j += 1
         return self._suppress(e, probe) if self.suppress else (e.astype(np.float32), probe)
+
+    def _near(self, d: np.ndarray) -> None:
+        """Double talk, from the microphone against the reference alone (whatever the filters have learned): the
+        microphone's power over the delayed reference's envelope is the echo's loss while only the agent speaks; it
+        is followed fast downwards and slowly upwards, and a block well above it is the user speaking (held 200 ms)."""
+        self._xe = 0.7 * self._xe + 0.3 * float(np.sum(self.Sx)) * (2 * self.B) / self.bins
+        self._dd = 0.7 * self._dd + 0.3 * float(d @ d)
+        xe, dd = self._xe, self._dd
+        if xe < 1e-7:
+            return
+        r = dd / xe
+        rate = 0.02 if r < self.erl else 0.002 if r < 8 * self.erl else 0.0005
+        self.erl += rate * (r - self.erl)
+        if dd > 8 * self.erl * xe:
+            self._hang = 20
+        elif self._hang:
+            self._hang -= 1
+
+    @property
+    def double_talk(self) -> bool:
+        return self._hang > 0
 
     def _adapt(self, Xs: np.ndarray, e: np.ndarray) -> None:
         B, P = self.B, self.P
@@ -306,7 +334,7 @@ class EchoCanceller:
         ee = float(e @ e)
         expected = float(np.sum(self.gamma[self.band] * self.Sx)) * (2 * B) / self.bins + 1e-10
         self.dtd = ee / (4 * expected)
-        step = self.mu / P * min(1.0, 1.0 / max(self.dtd, 1e-9))
+        step = self.mu / P * min(1.0, 1.0 / max(self.dtd, 1e-9)) * (0.1 if self._hang else 1.0)
         grad = np.conj(Xs) * E / (self.Pxx + 1e-6 + 1e-3 * np.max(self.Pxx))
         self.W += step * grad
         # the gradient constraint (the filter's time-domain taps past B are zero), on two partitions a block
@@ -324,7 +352,7 @@ class EchoCanceller:
         self._Sf = a * self._Sf + (1 - a) * float(e_f @ e_f)
         self._Sb = a * self._Sb + (1 - a) * float(e_b @ e_b)
         self._Sd = a * self._Sd + (1 - a) * float(d @ d)
-        if self._Sb < 0.7 * self._Sf:
+        if self._Sb < 0.7 * self._Sf and not self._hang:
             self._better += 1
             if self._better >= 3:
                 self.Wf = self.W.copy()
