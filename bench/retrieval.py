@@ -64,6 +64,9 @@ class Smol:
         v = x.mean(0) if self.mode == "mean" else x[-1].copy()
         return v / np.linalg.norm(v)
 
+    def embed_one(self, text):
+        return self._vec(text)
+
     def embed(self, texts):
         return np.stack([self._vec(t) for t in texts]) if texts else np.zeros((0, self.gen.model.config.d_model))
 
@@ -149,10 +152,11 @@ def rank_embedded(persona, model, types=True):
         index.type_bonus = 0.0
 
     def search(q, previous):
+        getattr(model, "_recent", {}).clear()  # timed as a new question
         t = time.perf_counter()
         hits = index.search(q, previous)
         ms = (time.perf_counter() - t) * 1000
-        best = index.search(q, previous, min_score=-1.0)[0]
+        best = index.search(q, previous, min_score=-1.0, sure=-1.0)[0]
         return [texts[h.index] for h in hits], (texts[best.index], best.score), ms
 
     return search

@@ -40,7 +40,7 @@ def relevant_facts(facts, question: str, previous: str | None = None, most: int 
     from .retrieval import fact_index
 
     index = fact_index(tuple(_answer(k, v) for k, v in facts), tuple(subject(k, v) for k, v in facts), name)
-    hits = index.search(question, previous) if min_score is None else index.search(question, previous, min_score)
+    hits = index.search(question, previous) if min_score is None else index.search(question, previous, min_score, sure=min_score)
     return [facts[h.index] for h in hits][:most]
 
 
@@ -111,19 +111,24 @@ def _example_decline(topic: str, name: str) -> str:
     return f"I'm afraid I don't know about {topic}, but I can help with questions about {name}."
 
 
-#: How many words of the best fact an answer starts with (``Persona.turn``).
-LEAD_WORDS = 2
+#: At most how many words of the best fact an answer starts with (``Persona.turn``).
+LEAD_WORDS = 4
+_LEAD_VERB = re.compile(r"^(?:is|are|was|were|has|have|costs?|runs?|opens?|closes?|starts?|begins?|takes?|can|will|"
+                        r"comes?|gets?|includes?|accepts?|offers?|sees?|serves?|delivers?|\w+'re|\w+'s)$", re.I)
 
 
 def _lead(fact: str) -> str:
-    """The words an answer is started with: the best fact's first ``LEAD_WORDS`` words (up to a clause mark), so that
-    the model goes on with that fact rather than with the last example's answer ("Where are you?" answered with the
-    head mechanic's name, bench/answers.py --set dev) or a denial of it."""
+    """The words an answer is started with: the best fact's words up to its first verb ("The croissant costs", "We're",
+    "Check-in begins"; at most ``LEAD_WORDS``, two when no verb comes, up to a clause mark), so that the model goes on
+    with that fact rather than with the last example's answer ("Where are you?" answered with the head mechanic's
+    name, bench/answers.py --set dev), a denial of it, or a word of its own ("The croissant is a classic ...")."""
     words = []
     for w in fact.split()[:LEAD_WORDS]:
         words.append(w)
-        if w[-1:] in ",;:.!?":
+        if w[-1:] in ",;:" or _LEAD_VERB.match(w):
             break
+    else:
+        words = words[:2]
     return " ".join(words).rstrip(",;:.!?")
 
 

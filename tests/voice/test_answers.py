@@ -74,7 +74,7 @@ def test_a_turn_carries_its_facts_and_starts_with_the_best_one_or_is_the_decline
     p = Persona()
     msgs, start = p.turn("Who is the owner?")
     assert msgs == [{"role": "user", "content": "Who is the owner?"}, {"role": "system", "content": "Fact: The owner is Maria."}]
-    assert start == "The owner"  # the answer goes on with the fact, not with the last example's answer
+    assert start == "The owner is"  # the answer goes on with the fact, not with the last example's answer
     msgs, start = p.turn("Tell me a story.")
     assert msgs[1]["content"] == "Fact: none." and start == p.decline == decline("Bright Bakery")
     assert start.startswith(DECLINE) and len(start.split()) <= 20 and not any(c.isdigit() for c in start)
@@ -83,7 +83,7 @@ def test_a_turn_carries_its_facts_and_starts_with_the_best_one_or_is_the_decline
 def test_a_follow_up_that_leans_back_takes_the_previous_questions_facts():
     p = Persona()
     msgs, start = p.turn("How much is it?", previous="Do you have croissants?")
-    assert msgs[1]["content"].startswith("Fact: The croissant costs 2 dollars.") and start == "The croissant"
+    assert msgs[1]["content"].startswith("Fact: The croissant costs 2 dollars.") and start == "The croissant costs"
     assert p.turn("Can you tell me a joke?", previous="Do you have croissants?")[1] == p.decline  # does not lean back
 
 
