@@ -76,3 +76,21 @@ def test_no_prompt_for_a_transcriber_without_one_or_loaded_without_a_vocabulary(
     eng = shared(off)
     eng.with_persona(eng.session(), Persona()).transcriber.transcribe(np.zeros(160, np.float32))
     assert "prompt" not in off.calls[-1]
+
+
+def test_the_asr_flags_reach_the_engine_options():
+    import argparse
+    from types import SimpleNamespace
+
+    import pytest
+
+    from server.cli.common import engine_options, voice_flags
+
+    ap = argparse.ArgumentParser()
+    voice_flags(ap)
+    default = engine_options(ap.parse_args([]), (None, None), SimpleNamespace(name="x"))
+    assert (default.asr_model, default.asr_vocabulary) == ("tiny.en", True)
+    base = engine_options(ap.parse_args(["--asr-model", "base", "--no-asr-vocabulary"]), (None, None), SimpleNamespace(name="x"))
+    assert (base.asr_model, base.asr_vocabulary) == ("base", False)
+    with pytest.raises(SystemExit):  # no package ships it: not offered
+        ap.parse_args(["--asr-model", "base.en"])
