@@ -266,8 +266,9 @@ class _ComputeTranscriber:
     def __init__(self, inner, compute: ComputeThread, long: _LongTranscriber | None = None, prompt: str | None = None):
         self.inner, self.compute, self.long, self.prompt = inner, compute, long, prompt
 
-    def transcribe(self, audio, *, speculative: bool = False, short: bool = False):
-        kw = {} if self.prompt is None else {"prompt": self.prompt}
+    def transcribe(self, audio, *, speculative: bool = False, short: bool = False, prompt: str | None = None):
+        prompt = self.prompt if prompt is None else prompt
+        kw = {} if prompt is None else {"prompt": prompt}
         if self.long is not None and len(audio) > LONG_UTTERANCE_S * ASR_RATE:
             return self.long.transcribe(audio, speculative=speculative, short=short, **kw)
         return self.compute.call(lambda: self.inner.transcribe(audio, speculative=speculative, short=short, **kw))

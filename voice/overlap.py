@@ -50,6 +50,9 @@ _PAIRS = frozenset(b for b in BACKCHANNELS if " " in b)
 #: a hum or a vowel sound however Whisper spells it ("mm-m", "m-h-m", "mmhmm", "uh-uh", "uh-oh", "ah-ha"): no word
 _SYLLABLE = r"(?:[mhn]+|uh|um|ah|oh|ooh|ha|huh|eh)"
 _VOCAL = re.compile(rf"{_SYLLABLE}(?:-{_SYLLABLE})*")
+#: Whisper's initial prompt for speech over the answer: a listener's words are the likely ones there (without it a hum is
+#: heard as "in the", a "yeah" cut short as "here"; words of content still come through: "Stop.", "Hold on.", "What?")
+LISTENER_PROMPT = "Uh-huh. Yeah. Okay. Right. Mm-hmm."
 _NON_SPEECH = re.compile(r"\[[^\]]*\]|\([^)]*\)|\*[^*]*\*")  # Whisper's "(coughing)", "[BLANK_AUDIO]", "*knock*"
 
 
@@ -208,7 +211,7 @@ class OverlapPolicy:
             last = ov.last_voiced if ov.quiet else end - 1
             audio = self.input.utterance(ov.first_voiced, last, self.cfg.padding_ms)
             with self.clock.working():
-                ov.text = self.e.transcriber.transcribe(audio, speculative=not ov.quiet).text.strip()
+                ov.text = self.e.transcriber.transcribe(audio, speculative=not ov.quiet, prompt=LISTENER_PROMPT).text.strip()
             ov.checked = last if ov.quiet else end
             if not ov.quiet:
                 ov.next_check = end + icfg.check_ms * ASR_RATE // 1000

@@ -30,9 +30,11 @@ class Transcript:
 class Transcriber(Protocol):
     """Utterance audio (float32 mono at ``ASR_RATE``, -1..1) -> text.  ``speculative``: the utterance may not be
     over (a pause); a transcriber may then skip its slow retries and say so (``Transcript.retry``).  ``short``: the
-    turn is late (``voice.mitigation``): a faster, less careful transcription if it has one."""
+    turn is late (``voice.mitigation``): a faster, less careful transcription if it has one.  ``prompt``: the words
+    to expect (Whisper's initial prompt) for this call: None the transcriber's own vocabulary, "" none."""
 
-    def transcribe(self, audio: np.ndarray, *, speculative: bool = False, short: bool = False) -> Transcript: ...
+    def transcribe(self, audio: np.ndarray, *, speculative: bool = False, short: bool = False,
+                   prompt: str | None = None) -> Transcript: ...
 
 
 class Synthesizer(Protocol):

@@ -59,11 +59,14 @@ class ScriptedTranscriber:
         self.clock, self.texts, self.cost_s = clock, list(texts), cost_s
         self.heard: list[int] = []  # samples of each utterance transcribed
         self.short: list[bool] = []  # each transcription asked to be short (a late turn)
+        self.prompts: list[str | None] = []  # each transcription's prompt (None: the transcriber's own)
 
-    def transcribe(self, audio: np.ndarray, *, speculative: bool = False, short: bool = False) -> Transcript:
+    def transcribe(self, audio: np.ndarray, *, speculative: bool = False, short: bool = False,
+                   prompt: str | None = None) -> Transcript:
         self.clock.spend(self.cost_s)
         self.heard.append(len(audio))
         self.short.append(short)
+        self.prompts.append(prompt)
         text = self.texts.pop(0)
         retry = text is None  # scripted: a degenerate speculative transcription
         return Transcript(text=text or "", audio_s=len(audio) / ASR_RATE, compute_ms=self.cost_s * 1000, retry=retry)

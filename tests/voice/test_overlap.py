@@ -9,7 +9,7 @@ from test_loop_policy import ANSWER, PAUSED, QUESTION, STARTED, STOPPED, Scene, 
 
 from voice.loop import LoopConfig
 from voice.loop_events import BargeIn, OutputPaused, OutputResumed, TurnEnded, UserSpeechStarted
-from voice.overlap import InterruptionConfig, Verdict, content_words, judge
+from voice.overlap import LISTENER_PROMPT, InterruptionConfig, Verdict, content_words, judge
 from voice.vad import Pause, SpeechResumed, SpeechStarted, SpeechStopped
 
 pytestmark = pytest.mark.unit
@@ -80,6 +80,7 @@ def test_a_backchannel_pauses_the_answer_which_resumes_where_it_paused_and_is_no
     assert end.report.overlaps == ({"kind": "backchannel", "text": "Uh-huh.", "speech_start_s": 2.5, "paused_ms": 300.0},)
     assert end.report.to_dict()["overlaps"] == list(end.report.overlaps)
     assert s.llm.commits == [(QUESTION, ANSWER)] and s.loop.barge_ins == [] and len(s.loop.reports) == 1
+    assert s.asr.prompts == [None, LISTENER_PROMPT]  # the question with the transcriber's own words, the overlap a listener's
 
 
 def test_a_cough_resumes_the_answer_as_noise():
