@@ -31,7 +31,7 @@ from starlette.websockets import WebSocket
 
 from voice.loop import LoopConfig
 
-from .asgi import MAX_HEAD_BYTES, AsgiServer, SessionSocket, bind, closing, deny, head_bytes, respond
+from .asgi import MAX_HEAD_BYTES, AsgiServer, SessionSocket, bind, closing, deny, head_bytes, respond, wants_extensions
 from .chat import CHAT_PATH, ApiError, ChatAPI
 from .memory import trim
 from .metrics import CONTENT_TYPE, Metrics
@@ -415,13 +415,6 @@ class VoiceServer:
         await self.chat.close()
         if self._http is not None:
             await self._http.stop()
-
-
-def wants_extensions(query: dict) -> bool:
-    """Our extension events (``turn.latency``, ``session.latency``) go to a ``/v1/realtime`` client only when it asks
-    with ``?extensions=1`` (or ``true``/``yes``) in the URL: strict clients validate every event against the
-    Realtime schema, which does not have them.  ``/v1/stream`` always has them."""
-    return any(v.strip().lower() in ("1", "true", "yes", "on") for v in query.get("extensions", []))
 
 
 def _token(authorization: str, protocols: list[str], query: dict) -> str | None:

@@ -233,3 +233,10 @@ class SessionSocket:
     async def messages(self):
         while (msg := await self.receive()) is not None:
             yield msg
+
+
+def wants_extensions(query: dict) -> bool:
+    """Our extension events (``turn.latency``, ``session.latency``, ``output_audio.paused``/``.resumed``) go to a
+    ``/v1/realtime`` client only when it asks with ``?extensions=1`` (or ``true``/``yes``) in the URL: strict clients
+    validate every event against the Realtime schema, which does not have them.  ``/v1/stream`` always has them."""
+    return any(v.strip().lower() in ("1", "true", "yes", "on") for v in query.get("extensions", []))

@@ -20,6 +20,10 @@ is transcoded or resampled here); the session's server events in, Twilio's messa
   barge-in: it sends that event just before it cuts the answer) sends ``clear`` at once, then
   ``conversation.item.truncate`` at the position the call had played (the last echo, moved on by the call's clock), so
   the conversation keeps the words the caller heard;
+- ``output_audio.paused`` (our extension: the session judges the caller's speech over the answer, ``voice.overlap``)
+  sends ``clear`` at once and holds what the call had not played, with what the session sends meanwhile;
+  ``output_audio.resumed`` (a backchannel, a noise) sends it again from where the call stopped; an interruption
+  (``speech_started``) then truncates at that point;
 - a ``dtmf`` key is kept (``dtmf``), and becomes a user turn: a text item ("The caller pressed 5.") and
   ``response.create`` (during an answer: ``response.cancel`` first, the turn once its ``response.done`` came);
 - a response cancelled while its audio is queued on the call (``response.cancel``, a key) is cleared as a barge-in is.
@@ -85,6 +89,7 @@ class _Answer:
     item_id: str
     first_sample: int  # the session's output sample count at its first sample
     samples: int = 0
+    audio: bytearray = field(default_factory=bytearray)  # its audio put on the call (or waiting for a whole frame)
 
 
 @dataclass
@@ -110,6 +115,10 @@ class MediaStream:
     responding: bool = False  # a response is in progress (response.created .. response.done)
     _turns: list = field(default_factory=list)  # a keypad turn waiting for the response in progress to end
     _n: int = 0
+    #: the session judges speech over the answer (``output_audio.paused``): the call's audio was cleared, what it had not
+    #: played is held here with what the session sends meanwhile, to go out again on ``output_audio.resumed``
+    _held: bytearray | None = None
+    _held_done: bool = False  # the answer's audio ended while held (its last partial frame is padded on resume)
 
     # -- the call -> the session -----------------------------------------------------------------
 
@@ -215,6 +224,10 @@ class MediaStream:
             return self._flush(), []
         if kind == "input_audio_buffer.speech_started":
             return self._barge_in()
+        if kind == "output_audio.paused":
+            return self._pause(), []
+        if kind == "output_audio.resumed":
+            return self._resume(), []
         if kind == "response.created":
             self.responding = True
         elif kind == "response.done":
@@ -232,13 +245,23 @@ class MediaStream:
         out = []
         rid = ev.get("response_id")
         if self._current is None or self._current.response_id != rid:
+            self._held = None  # (a new answer: what an old one held is not to play)
             out += self._flush()
             self._current = _Answer(rid, ev.get("item_id"), self.out_samples)
             self._answers[rid] = self._current
             while len(self._answers) > 8:
                 self._answers.pop(next(iter(self._answers)))
             out.append(self._mark(self._current.first_sample, self._current))
+        if self._held is not None:  # judged: kept until it goes on
+            self._held += audio
+            return out
+        return out + self._put(audio)
+
+    def _put(self, audio: bytes) -> list[dict]:
+        """The current answer's ``audio`` onto the call, in whole frames (the rest waits), and a mark after it."""
+        out = []
         self._current.samples += len(audio)
+        self._current.audio += audio
         self.out_samples += len(audio)
         self._pending += audio
         whole = len(self._pending) // FRAME * FRAME
@@ -254,6 +277,9 @@ class MediaStream:
 
     def _flush(self) -> list[dict]:
         """The last partial frame of an answer, padded with silence to 20 ms."""
+        if self._held is not None:
+            self._held_done = True
+            return []
         if not self._pending:
             return []
         frame = bytes(self._pending) + bytes([MULAW_SILENCE]) * (FRAME - len(self._pending))
@@ -282,7 +308,45 @@ class MediaStream:
         """Answer audio sent to the call that it has not confirmed playing."""
         return bool(self._marks) or bool(self._pending)
 
+    def _pause(self) -> list[dict]:
+        """Speech over the answer is being judged: ``clear`` the call; what it had not played is held, and the position
+        counts end where its playback stopped (as if the session had sent no more)."""
+        a = self._current
+        if self._held is not None or a is None or not self.queued:
+            return []
+        at = max(a.first_sample, self.playing_position())
+        keep = at - a.first_sample
+        self._held = bytearray(a.audio[keep:])  # sent and not played, and the partial frame not sent
+        cut = len(a.audio) - keep
+        del a.audio[keep:]
+        a.samples -= cut
+        self.out_samples -= cut
+        self._pending.clear()
+        self._marks.clear()  # (their echoes say nothing about playback now)
+        self.clears += 1
+        self.played_sample, self.played_at_input = at, self.input_samples
+        return [{"event": "clear", "streamSid": self.stream_sid}]
+
+    def _resume(self) -> list[dict]:
+        """The speech was no turn: what was held goes out again, from where the call stopped."""
+        held, self._held = self._held, None
+        if held is None or self._current is None:
+            return []
+        self.played_at_input = self.input_samples  # (nothing played while it was paused)
+        out = self._put(bytes(held)) if held else []
+        if self._held_done:
+            self._held_done = False
+            out += self._flush()
+        return out
+
     def _barge_in(self) -> tuple[list[dict], list[dict]]:
+        if self._held is not None:  # paused: the call stopped where it was cleared; nothing more to clear
+            self._held, self._held_done = None, False
+            answer, self._current = self._current, None
+            if answer is None or not answer.item_id:
+                return [], []
+            return [], [{"type": "conversation.item.truncate", "item_id": answer.item_id, "content_index": 0,
+                         "audio_end_ms": (self.played_sample - answer.first_sample) * 1000 // RATE}]
         if not self.queued:
             return [], []
         at = self.playing_position()

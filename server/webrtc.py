@@ -43,6 +43,7 @@ from aiortc.mediastreams import MediaStreamError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .asgi import wants_extensions
 from .chat import ApiError
 from .realtime.codec import IdSource
 
@@ -134,6 +135,7 @@ class OutputTrack(MediaStreamTrack):
         self._pts = 0
         self.dropped = 0  # bytes dropped over the limit
         self.sent = 0  # output samples that went out (answer audio, not the silence between)
+        self.paused = False  # the queue is kept, silence goes out (speech over the answer is judged)
         #: called (on the event loop) when the last queued audio has gone out
         self.on_drained: Callable[[], None] | None = None
 
@@ -153,6 +155,7 @@ class OutputTrack(MediaStreamTrack):
 
     def clear(self) -> None:
         """A cancelled answer stops sounding now (what is queued is not sent)."""
+        self.paused = False
         self._buf.clear()
         if self._rs is not None:
             self._rs.clear()
@@ -167,7 +170,7 @@ class OutputTrack(MediaStreamTrack):
             wait = self._start + self._pts / RATE - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-        n = min(len(self._buf), 2 * FRAME)
+        n = 0 if self.paused else min(len(self._buf), 2 * FRAME)
         body = bytes(self._buf[:n]) + bytes(2 * FRAME - n)
         del self._buf[:n]
         self.sent += n // 2
@@ -235,8 +238,12 @@ class _Call:
     session's output (events to the data channel, queued until it opens; audio bytes to the outbound track);
     ``close`` ends the call."""
 
-    def __init__(self, pc: RTCPeerConnection, input_rate: int, output_rate: int, limit: int, remote_address):
+    def __init__(self, pc: RTCPeerConnection, input_rate: int, output_rate: int, limit: int, remote_address,
+                 extensions: bool = False):
         self.pc = pc
+        #: the client asked for our extension events; the session sends them either way, for ``output_audio.paused``
+        #: and ``.resumed``, which pause the track here
+        self.extensions = extensions
         self.remote_address = remote_address
         self.track = OutputTrack(output_rate, limit)
         self.input_rate = input_rate
@@ -350,6 +357,12 @@ class _Call:
             self._own_update = False
             return
         head = frame[:60]
+        if '"output_audio.paused"' in head or '"output_audio.resumed"' in head:
+            self.track.paused = '"output_audio.paused"' in head  # (a real interruption then clears the queue)
+            if not self.extensions:
+                return
+        elif '"turn.latency"' in head and not self.extensions:
+            return
         if '"response.created"' in head:
             self._response, self._playing, self._answered = json.loads(frame)["response"]["id"], False, False
             self._cut = False
@@ -471,7 +484,8 @@ class WebRTCCalls:
                                    code="invalid_offer"))
         pc = RTCPeerConnection(ice_config())
         remote = (request.client.host, request.client.port) if request.client else None
-        call = _Call(pc, RATE, RATE, self.server.opts.limits.max_output_bytes, remote)
+        query = parse_qs(request.url.query)
+        call = _Call(pc, RATE, RATE, self.server.opts.limits.max_output_bytes, remote, extensions=wants_extensions(query))
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
             pc.addTrack(call.track)
@@ -486,8 +500,7 @@ class WebRTCCalls:
             return _error(ApiError(400, f"the offer cannot be answered: {type(e).__name__}: {e}", code="invalid_offer"))
         self._n += 1
         call_id = f"rtc_{self._n}_{int(time.time() * 1000):x}"
-        query = parse_qs(request.url.query)
-        task = asyncio.create_task(self.server._handle(call, CALLS_PATH, query))
+        task = asyncio.create_task(self.server._handle(call, CALLS_PATH, {**query, "extensions": ["1"]}))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         call._spawn(call.watch_connect(CONNECT_TIMEOUT_S))

@@ -141,6 +141,61 @@ def test_barge_in_clears_at_once_and_truncates_at_what_the_call_played():
     assert s.from_session({"type": "input_audio_buffer.speech_started", "audio_start_ms": 0, "item_id": "item_10"}) == ([], [])
 
 
+def _playing_300_ms() -> MediaStream:
+    s = _started()
+    to_call, _ = s.from_session(_delta(8000))  # one second of answer
+    s.from_call(json.dumps({"event": "mark", "streamSid": SID, "mark": {"name": to_call[0]["mark"]["name"]}}))
+    for _ in range(15):  # 300 ms of the call
+        s.from_call(_media(b"\xff" * FRAME))
+    return s
+
+
+def _payload(msgs: list[dict]) -> bytes:
+    return b"".join(base64.b64decode(m["media"]["payload"]) for m in msgs if m["event"] == "media")
+
+
+def test_speech_judged_over_the_answer_pauses_the_call_and_a_backchannel_resumes_it_where_it_stopped():
+    s = _playing_300_ms()
+    assert s.from_session({"type": "output_audio.paused", "audio_start_ms": 0}) == ([{"event": "clear", "streamSid": SID}], [])
+    assert not s.queued and s.clears == 1
+    to_call, _ = s.from_session(_delta(800, value=0x20))  # the session goes on sending: held
+    assert to_call == []
+    for _ in range(10):  # 200 ms of the call while it is judged: nothing plays
+        s.from_call(_media(b"\xff" * FRAME))
+    to_call, to_session = s.from_session({"type": "output_audio.resumed", "kind": "backchannel", "text": "Uh-huh."})
+    sent = _payload(to_call)
+    assert to_session == [] and sent == bytes([0x10]) * 5600 + bytes([0x20]) * 800  # from 300 ms on, then what came
+    assert to_call[-1]["event"] == "mark" and s.queued
+    # a later interruption truncates at what the call played, counted without the pause
+    for _ in range(5):
+        s.from_call(_media(b"\xff" * FRAME))
+    _, to_session = s.from_session({"type": "input_audio_buffer.speech_started", "audio_start_ms": 0, "item_id": "item_9"})
+    assert to_session == [{"type": "conversation.item.truncate", "item_id": "item_1", "content_index": 0, "audio_end_ms": 400}]
+
+
+def test_an_interruption_after_the_pause_truncates_at_where_the_call_stopped():
+    s = _playing_300_ms()
+    s.from_session({"type": "output_audio.paused", "audio_start_ms": 0})
+    s.from_session(_delta(800))
+    for _ in range(10):
+        s.from_call(_media(b"\xff" * FRAME))
+    to_call, to_session = s.from_session({"type": "input_audio_buffer.speech_started", "audio_start_ms": 0, "item_id": "item_9"})
+    assert to_call == [] and s.clears == 1  # cleared at the pause already
+    assert to_session == [{"type": "conversation.item.truncate", "item_id": "item_1", "content_index": 0, "audio_end_ms": 300}]
+    assert s.from_session({"type": "output_audio.resumed", "kind": "noise", "text": ""}) == ([], [])  # (nothing held)
+    assert s.from_session({"type": "response.done", "response": {"status": "cancelled"}}) == ([], [])
+
+
+def test_the_end_of_a_held_answer_goes_out_on_resume_padded_to_a_frame():
+    s = _playing_300_ms()
+    s.from_session({"type": "output_audio.paused", "audio_start_ms": 0})
+    s.from_session(_delta(100, value=0x30))
+    assert s.from_session({"type": "response.output_audio.done", "response_id": "resp_1", "item_id": "item_1"}) == ([], [])
+    to_call, _ = s.from_session({"type": "output_audio.resumed", "kind": "noise", "text": ""})
+    sent = _payload(to_call)
+    assert len(sent) % FRAME == 0 and sent[:5600] == bytes([0x10]) * 5600 and sent[5600:5700] == bytes([0x30]) * 100
+
+
 def test_dtmf_is_kept_and_becomes_a_turn():
     s = _started()
     evs = s.from_call(json.dumps({"event": "dtmf", "streamSid": SID, "dtmf": {"track": "inbound_track", "digit": "5"}}))

@@ -197,3 +197,28 @@ def test_output_track_paces_frames_and_clears():
     assert [f.pts for f in frames] == [0, FRAME, 2 * FRAME] and after.pts == 3 * FRAME
     assert np.abs(frames[1].to_ndarray()).max() > 900
     assert np.abs(after.to_ndarray()).max() == 0
+
+
+def test_output_track_paused_sends_silence_and_keeps_its_queue():
+    """Speech over the answer is judged (``output_audio.paused``): the track sends silence and keeps what is queued; on
+    resume it goes on from there; a clear (a real interruption) drops it and unpauses."""
+    from server.webrtc import OutputTrack
+
+    async def go():
+        track = OutputTrack(48000, 1 << 20)
+        track.feed((np.arange(4800, dtype="<i2") % 100 + 1000).tobytes())  # 100 ms, never silent
+        first = await track.recv()
+        track.paused = True
+        held = [await track.recv() for _ in range(2)]
+        queued = track.queued()
+        track.paused = False
+        resumed = await track.recv()
+        track.paused = True
+        track.clear()
+        return first, held, queued, resumed, track.paused, track.queued()
+
+    first, held, queued, resumed, paused, left = asyncio.run(go())
+    assert np.abs(first.to_ndarray()).min() >= 1000 and all(np.abs(f.to_ndarray()).max() == 0 for f in held)
+    assert queued == 2 * (4800 - 960)  # nothing was taken while paused
+    assert resumed.to_ndarray()[0, 0] == 1000 + 960 % 100  # the next sample after the first frame
+    assert (paused, left) == (False, 0)
