@@ -2,7 +2,8 @@
 
 ``Deployment.parse("llama-3.1-70b@cs3x4")`` names a model, a system and a unit count (wafers or
 GPUs; omitted = as few as fit), optionally the weight precision (``...@h200x16:8bit``, or
-``:native`` for the checkpoint's own format such as gpt-oss's MXFP4 experts; default 16) and, for GPUs, the serving batch (``...,batch=64``; default 1, or ``STANDARD_BATCH`` when read as
+``:native`` for the checkpoint's own format such as gpt-oss's MXFP4 experts; default 16) and,
+for GPUs, the serving batch (``...,batch=64``; default 1, or ``STANDARD_BATCH`` when read as
 a serving deployment: the way GPU clusters serve many users per step).
 
 ``voice_to_voice_s`` is the one formula for what a turn's listener waits, following the loop's
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .placement import Placement, place
 from .specs import CatalogueError, Hardware, ModelShape, Precision, load_hardware, load_model, shape_from_gguf
-from .timing import CostModel, GPUCost, cost_model, place_gpus, speculative_tok_s
+from .timing import CostModel, GPUCost, cost_model, place_gpus
 
 #: KV tokens a decode step reads on a GPU: a voice conversation's typical length so far (the
 #: placement still reserves ``context`` tokens of KV per sequence).

@@ -109,7 +109,8 @@ def _divisible(model: ModelShape, i: int, bpp) -> tuple[float, float]:
     experts, whole, or its dense MLP in slices."""
     fixed, each, n = model.layer_parts(i)
     if n:
-        return model.layer_bytes(i, bpp) - model.layer_bytes_with(i, 0, bpp), model.layer_bytes_with(i, 1, bpp) - model.layer_bytes_with(i, 0, bpp)
+        none = model.layer_bytes_with(i, 0, bpp)
+        return model.layer_bytes(i, bpp) - none, model.layer_bytes_with(i, 1, bpp) - none
     mlp = model.mlp_matrices * model.d_model * model.d_ff
     part = mlp / fixed * model.layer_bytes(i, bpp)
     return part, part / _MLP_SLICES

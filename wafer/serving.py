@@ -25,11 +25,11 @@ answer by trying every pair (for tests).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from .deploy import Deployment, TurnFigures, voice_to_voice_s
+from .deploy import TurnFigures, voice_to_voice_s
 from .placement import PlacementError, place
-from .specs import CatalogueError, Hardware, ModelShape, Precision, load_hardware
+from .specs import CatalogueError, Hardware, ModelShape, load_hardware, precision_label
 from .timing import GPUCost, WaferCost, calibrate, place_gpus
 
 
@@ -157,8 +157,9 @@ class Replica:
     def load(self, callers: int) -> Load:
         w, fig = self.work, self.work.figures
         if self.placement is None:
-            return Load(self.hw.name, self.hw.kind, self.units, callers, 0, 0, 0, 0, 0, 0, self.kv_caller, False, False, self._fail)
-        spilled, why = False, ""
+            return Load(self.hw.name, self.hw.kind, self.units, callers, 0, 0, 0, 0, 0, 0, self.kv_caller, False, False,
+                        self._fail)
+        spilled = False
         if self.hw.kind == "gpu":
             free = self.placement.capacity * self.placement.n_units - sum(s.weight_bytes for s in self.placement.stages)
             if callers * self.kv_caller > free:
@@ -260,7 +261,8 @@ def unit_candidates(model: ModelShape, hw: Hardware, bytes_per_param, context: i
     that hold the weights (and one caller's KV) up to twice that and a few more."""
     if hw.kind == "gpu":
         node = int(hw["node_gpus"])
-        return [g for g in sorted({1, 2, 4, 8, node, *(node * k for k in range(2, 9))}) if g <= max(node, 8) * 8 and (g <= node or g % node == 0)]
+        return [g for g in sorted({1, 2, 4, 8, node, *(node * k for k in range(2, 9))})
+                if g <= max(node, 8) * 8 and (g <= node or g % node == 0)]
     u0 = place(model, hw, None, context=context, bytes_per_param=bytes_per_param).n_units
     return list(range(u0, min(limit, 2 * u0 + 8) + 1))
 
@@ -286,8 +288,8 @@ def plan_one(model: ModelShape, hw: Hardware, callers: int, work: Workload = Wor
         return None
     u, r = found
     price = hw.params.get("price_per_hour")
-    return Plan(hw.name, hw.title, hw.kind, Precision.uniform(bytes_per_param).label if not isinstance(bytes_per_param, Precision) else bytes_per_param.label,
-                u, r, rep(u).load(math.ceil(callers / r)), price.value if price else 0.0, price.source if price else "no price in the catalogue",
+    return Plan(hw.name, hw.title, hw.kind, precision_label(bytes_per_param), u, r, rep(u).load(math.ceil(callers / r)),
+                price.value if price else 0.0, price.source if price else "no price in the catalogue",
                 bool(price.assumption) if price else True)
 
 
@@ -308,7 +310,8 @@ def plan(model: ModelShape, callers: int, hardware=DEFAULT_PLAN_HARDWARE, work: 
     return out
 
 
-def callers_curve(model: ModelShape, hw: Hardware, counts, work: Workload = Workload(), bytes_per_param=2.0) -> list[tuple[int, int | None]]:
+def callers_curve(model: ModelShape, hw: Hardware, counts, work: Workload = Workload(),
+                  bytes_per_param=2.0) -> list[tuple[int, int | None]]:
     """(callers, units of the smallest deployment) for each count: the plot's line for ``hw``."""
     pts = []
     for n in counts:

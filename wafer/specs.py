@@ -365,12 +365,13 @@ class ModelShape:
 
 # -- the catalogue --------------------------------------------------------------------------------
 
-def _data(kind: str):
-    return resources.files("wafer") / "data" / kind
+def data_file(name: str):
+    """A file (or folder) of the catalogue in ``wafer/data``."""
+    return resources.files("wafer") / "data" / name
 
 
 def _entries(kind: str) -> dict[str, Path]:
-    return {p.name[:-5]: p for p in _data(kind).iterdir() if p.name.endswith(".toml")}
+    return {p.name[:-5]: p for p in data_file(kind).iterdir() if p.name.endswith(".toml")}
 
 
 def _read(path) -> dict:

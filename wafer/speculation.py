@@ -9,7 +9,8 @@ given.  The draft runs on the same hardware: a draft model on its own units (as 
 timed by the same cost model), or an EAGLE-style head (one decoder layer at the target's width
 plus the target's output head) on the target's last unit.  The verification pass is the target's
 own ``pass_time(k + 1)``: on a GPU about one decode step (the weights are read once for all
-``k + 1`` tokens), on a wafer a step plus the extra tokens' compute.  Tree drafts (several
+``k + 1`` tokens; a mixture of experts reads the union of their experts), on a wafer a step plus
+the extra tokens' compute.  The draft runs at the target's serving batch.  Tree drafts (several
 candidates per position) are not modelled: ``k`` is the chain's depth.
 """
 
@@ -17,10 +18,10 @@ from __future__ import annotations
 
 import functools
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from .specs import CatalogueError, ModelShape, _data, load_model
-from .timing import CostModel, GPUCost, WaferCost, cost_model, expected_tokens
+from .specs import CatalogueError, ModelShape, data_file, load_model
+from .timing import CostModel, WaferCost, expected_tokens
 
 METHODS = ("eagle", "draft")
 
@@ -54,7 +55,7 @@ def accept_for(k: int, tau: float) -> float:
 
 @functools.cache
 def _pairs() -> tuple[Acceptance, ...]:
-    d = tomllib.loads((_data("") / "speculation.toml").read_text())
+    d = tomllib.loads(data_file("speculation.toml").read_text())
     return tuple(Acceptance(str(p["method"]), str(p["target"]), int(p["k"]), float(p["tau"]), str(p["source"]))
                  for p in d["pair"])
 
@@ -112,20 +113,22 @@ class Speculation:
 
 
 def _draft_cost(dep, target_cost: CostModel, method: str, draft: str | None) -> tuple[str, CostModel]:
+    """The draft's cost model on ``dep``'s hardware, at its precision (16-bit where the target's sizes come
+    from its model file) and its serving batch (a GPU step drafts for every sequence of the batch)."""
     from .deploy import Deployment
 
     hw = dep.hardware
+    bpp = dep.bytes_per_param if dep.bytes_per_param is not None else 2.0
     if method == "eagle":
         shape = eagle_head(dep.model)
-        bpp = dep.bytes_per_param if dep.bytes_per_param is not None else 2.0
-        d = Deployment(shape, hw, 1 if hw.kind != "gpu" else getattr(target_cost, "tp", 1), bpp, dep.context)
+        d = Deployment(shape, hw, 1 if hw.kind != "gpu" else getattr(target_cost, "tp", 1), bpp, dep.context, batch=dep.batch)
         p, c = d.build()
         if isinstance(c, WaferCost) and isinstance(target_cost, WaferCost):
             c = WaferCost(p, target_cost.cal)
         return "EAGLE-style head", c
     if not draft:
         raise CatalogueError("a draft-model speculation needs the draft model's name (e.g. llama-3.1-8b)")
-    d = Deployment(load_model(draft), hw, None, dep.bytes_per_param, dep.context)
+    d = Deployment(load_model(draft), hw, None, bpp, dep.context, batch=dep.batch)
     return draft, d.build()[1]
 
 

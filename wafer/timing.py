@@ -5,8 +5,8 @@ Wafers are bound by per-layer latency, not SRAM bandwidth: a layer costs
 weights at that unit's share of the SRAM bandwidth, and ``tau_ref`` is fixed once per wafer
 by its published calibration point.  A token crosses every unit in turn:
 ``T_tok = sum(stage times) + (N - 1) * hop``.  GPUs are bound by HBM:
-``T_tok = (weights / tp + KV) / (bw * efficiency) + collectives``.  This machine's CPU is
-modelled from its measured kernel rates.
+``T_tok = (weights + KV) / tp / (bw * efficiency) + collectives`` (or by FLOPs, whichever is
+slower).  This machine's CPU is modelled from its measured kernel rates.
 
 For one sequence a pipeline adds no speed.  With ``M`` sequences in flight a unit works on one
 token at a time, so the period of the pipeline is ``max(T_tok, M * slowest stage)``: the
@@ -110,7 +110,7 @@ def calibrate(hw: Hardware) -> WaferCalibration:
     hop = hw["hop_latency_s"] + model.d_model * 2 / hw["hop_bw"]
     reads = sum(_stage_read(p, k) * (p.stages[k].n_layers + p.stages[k].has_head + (p.stages[k].carry_share > 0))
                 for k in range(n))
-    layers = model.n_layers + 1  # the head costs one layer-equivalent
+    layers = model.n_layers + 1 + p.split_layers  # the head and each split layer's second share cost one layer-equivalent
     tau = (1 / cal.tok_s - (n - 1) * hop - reads) / layers
     if tau <= 0:
         raise ValueError(f"{hw.name}: the calibration point leaves no time for the layers")
@@ -202,15 +202,17 @@ class GPUCost(CostModel):
         hw = p.hardware
         self.bw = hw["memory_bw"] * hw["hbm_efficiency"]
 
-    def _layer_read_bytes(self, i: int) -> float:
-        return self.placement.model.layer_batch_bytes(i, self.batch, self.placement.bytes_per_param)
+    def _layer_read_bytes(self, i: int, tokens: int = _ONE) -> float:
+        """Weight bytes of layer ``i`` a step reads: every token of every sequence is routed, so a
+        mixture of experts reads the union of the experts of ``batch * tokens`` tokens."""
+        return self.placement.model.layer_batch_bytes(i, self.batch * tokens, self.placement.bytes_per_param)
 
     def layer_time(self, layer: int, tokens: int = _ONE) -> float:
         """A step of ``batch`` sequences with ``tokens`` tokens each: the weights they touch (the
         union of their experts) and their KV caches read once, or their FLOPs, whichever is slower."""
         m, hw = self.placement.model, self.placement.hardware
         kv = self.batch * m.layer_kv_bytes(layer, self.context_used)
-        mem = (self._layer_read_bytes(layer) + kv) / self.tp / self.bw
+        mem = (self._layer_read_bytes(layer, tokens) + kv) / self.tp / self.bw
         flops = self.batch * m.layer_prefill_flops(layer, tokens, self.context_used) / self.tp / (hw["flops_16bit"] * hw["prefill_mfu"])
         return max(mem, flops)
 

@@ -106,7 +106,8 @@ def table() -> list[Row]:
     cs3 = load_hardware("wse3")
     nvl32 = ("NVIDIA Technical Blog, Low Latency Inference Chapter 2 (Oct 2024): GH200 NVL32, TensorRT-LLM, "
              "Llama 3.1 {m}, {p:,}-token input: time to first token {t}")
-    ttft_assume = "32 GPUs as one tensor-parallel group; BF16 peak at prefill efficiency 0.5 (the catalogue's); precision of the run not stated"
+    ttft_assume = ("32 GPUs as one tensor-parallel group; BF16 peak at prefill efficiency 0.5 (the catalogue's); "
+                   "precision of the run not stated")
     rows = [
         # -- fitted: one point per wafer system
         Row("Cerebras Llama 3.1 8B, 1 CS-3", 1800, _tok_s("llama-3.1-8b@wse3x1"), "tok/s", 1e-9,

@@ -368,7 +368,8 @@ def _describe(args) -> int:
     moe = (f"; {m.n_experts} experts, {m.experts_per_token} per token" + (f" + {m.n_shared_experts} shared" if m.n_shared_experts else "")
            + f", {out['dense_layers']} dense layers") if m.is_moe else ""
     print(f"  {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads / {m.n_kv_heads} KV heads, {m.attention_kind} attention{moe}")
-    print(f"  parameters {m.total_params / 1e9:.1f}B (published {m.params_published / 1e9:.1f}B), {m.active_params / 1e9:.2f}B read per token")
+    print(f"  parameters {m.total_params / 1e9:.1f}B (published {m.params_published / 1e9:.1f}B), "
+          f"{m.active_params / 1e9:.2f}B read per token")
     print(f"  KV cache {m.kv_bytes_per_sequence(1) / 1e3:.1f} KB per token; {m.kv_bytes_per_sequence(args.context) / 1e9:.2f} GB per "
           f"sequence at {args.context} tokens")
     if m.native:
@@ -388,7 +389,7 @@ def _plan(args) -> int:
 
     from wafer.deploy import TurnFigures
     from wafer.serving import DEFAULT_PLAN_HARDWARE, Workload, callers_curve, plan
-    from wafer.specs import load_hardware, load_model
+    from wafer.specs import load_hardware, load_model, precision_label
 
     if args.callers is None or args.callers < 1:
         raise CLIError(f"--plan needs --callers N with N >= 1 (got {args.callers})")
@@ -398,6 +399,8 @@ def _plan(args) -> int:
         raise CLIError("--answer-tokens, --turn-period and --caller-context must be > 0")
     model = load_model(args.model or "llama-3.1-70b")
     names = [h.strip() for h in (args.hardware or ",".join(DEFAULT_PLAN_HARDWARE)).split(",") if h.strip()]
+    if not names:
+        raise CLIError(f"--hardware {args.hardware!r}: name at least one system (e.g. wse3,h200)")
     overrides = _overrides(args.set)
     hws = [load_hardware(n) for n in names]  # an unknown system is the catalogue's error
     for k in overrides:
@@ -444,7 +447,7 @@ def _plan(args) -> int:
     con.print(f"[dim]each caller: a turn every {work.turn_period_s:g} s, {work.answer_tokens} answer tokens, "
               f"{fig.new_prompt_tokens} new prompt tokens after {work.context_tokens} cached (KV resident); ASR {fig.asr_ms:g} ms, "
               f"TTS first audio {fig.tts_first_audio_ms:g} ms, endpoint {fig.endpoint_ms:g} ms, pause {fig.pause_ms:g} ms; "
-              f"p95 = the 95th percentile of sequences in flight (Poisson); precision {plans[0][1].precision if plans[0][1] else '-'}; "
+              f"p95 = the 95th percentile of sequences in flight (Poisson); precision {precision_label(bpp)}; "
               "no speculation[/dim]")
     con.print("[dim]* price per unit-hour is an estimate (assumption in the hardware file; override with --set "
               "price_per_hour=X)[/dim]")

@@ -41,7 +41,7 @@ def test_mla_latent_cache_and_projections_by_hand():
     assert m.is_mla and m.kv_elems == 512 + 64 and m.kv_bytes_per_token() == 576 * 2
     d, h = 7168, 128
     attn = d * 1536 + 1536 + 1536 * h * (128 + 64) + d * (512 + 64) + 512 + 512 * h * (128 + 128) + h * 128 * d
-    assert m._attn() == attn
+    assert m.layer_parts(0)[0] == attn + 2 * d + 3 * d * 18432  # a dense layer: attention, two norms, its MLP
     assert abs(attn - 187.1e6) < 0.1e6
     # the first 3 layers dense, the rest 256 routed + 1 shared expert of 3 x 7168 x 2048
     assert not m.is_moe_layer(2) and m.is_moe_layer(3)
@@ -124,10 +124,26 @@ def test_a_deepseek_layer_no_longer_takes_a_wafer_of_its_own():
     raw = place(m, cs3.with_overrides({"usable_fraction": 1.0}))
     assert raw.n_units <= 32  # ~31 on the whole 44 GB
     cost = WaferCost(split)  # a split layer costs the next unit one more layer latency, no extra hop
-    pieces = sum(s.n_layers + (s.carry_share > 0) + s.has_head for s in split.stages)
-    assert pieces == m.n_layers + 1 + split.split_layers
-    assert cost.token_time() == pytest.approx(sum(cost.stage_time(k) for k in range(split.n_units))
-                                              + (split.n_units - 1) * cost.hop_time())
+    bw = cs3["memory_bw"]
+    hand = sum((s.n_layers + (s.carry_share > 0) + s.has_head) * (cost.tau + s.weight_bytes / bw) for s in split.stages)
+    assert cost.token_time() == pytest.approx(hand + (split.n_units - 1) * cost.hop_time())
+    assert cost.token_time() > WaferCost(split, cost.cal).tau * (m.n_layers + 1 + split.split_layers)
+
+
+def test_calibration_counts_a_split_layers_second_share():
+    """A calibration placement whose layers split still reproduces the published rate exactly."""
+    from dataclasses import replace
+
+    from wafer.timing import calibrate
+
+    hw = load_hardware("wse3")
+    m = load_model(hw.calibration.model)
+    whole = m.weight_bytes(2.0) + m.kv_bytes_per_sequence(1)
+    tight = replace(hw.with_overrides({"memory_bytes": whole * 0.335, "usable_fraction": 1.0}),
+                    calibration=replace(hw.calibration, units=3))
+    p = place(m, tight, 3, context=1, bytes_per_param=2.0)
+    assert p.n_units == 3 and p.split_layers > 0
+    assert 1 / WaferCost(p, calibrate(tight)).token_time() == pytest.approx(hw.calibration.tok_s, rel=1e-9)
 
 
 def test_whole_layers_stay_whole_where_they_fit():
@@ -205,6 +221,35 @@ def test_speculation_on_the_same_hardware():
     assert head.n_layers == 1 and head.d_model == 7168 and head.vocab == 129280
 
 
+def test_gpu_verification_reads_the_experts_of_every_checked_token():
+    d = Deployment.parse("gpt-oss-120b@h200x1:native")
+    _, c = d.build()
+    m, hw, nat = d.model, d.hardware, d.model.native
+    bw = hw["memory_bw"] * hw["hbm_efficiency"]
+    kv = m.layer_kv_bytes(1, c.context_used)
+    flops = m.layer_prefill_flops(1, 8, c.context_used) / (hw["flops_16bit"] * hw["prefill_mfu"])
+    assert c.layer_time(1, 8) == pytest.approx(max((m.layer_batch_bytes(1, 8, nat) + kv) / bw, flops))
+    assert c.layer_time(1, 8) > 3 * c.layer_time(1, 1)  # 8 tokens touch ~28 of 128 experts, one token 4
+
+
+def test_the_draft_runs_at_the_targets_serving_batch():
+    d = Deployment.parse("llama-3.1-70b@h200x8,batch=16")
+    s = speculate(d, "eagle")
+    head = Deployment(eagle_head(d.model), d.hardware, 8, 2.0, d.context, batch=16).build()[1]
+    alone = Deployment(eagle_head(d.model), d.hardware, 8, 2.0, d.context).build()[1]
+    assert s.draft_s == pytest.approx(head.token_time()) and s.draft_s > alone.token_time()
+    draft = speculate(d, "draft", "llama-3.1-8b")
+    assert draft.draft_s == pytest.approx(Deployment.parse("llama-3.1-8b@h200,batch=16").build()[1].token_time())
+
+
+def test_a_draft_model_beside_a_model_file():
+    """The model file's own sizes are the target's; a catalogued draft is timed at 16-bit."""
+    d = Deployment.default()
+    assert d.bytes_per_param is None
+    s = speculate(d, "draft", "llama-3.1-8b")
+    assert s.draft_s == pytest.approx(Deployment.parse("llama-3.1-8b@wse3").build()[1].token_time())
+
+
 # ------------------------------------------------------------------ serving and the plan
 
 def test_poisson_quantile_by_hand():
@@ -240,7 +285,7 @@ def test_plan_search_matches_brute_force_on_monotone_fits():
         cap = {u: rng.randint(0, 3) * u // 2 + rng.randint(0, 4) for u in cands}  # callers one replica of u holds
         callers = rng.randint(1, 30)
 
-        def fits(u, n):
+        def fits(u, n, cap=cap):
             return n <= cap[u]
 
         assert smallest(cands, callers, fits) == brute_force(cands, callers, fits), (cands, cap, callers)

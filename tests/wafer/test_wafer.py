@@ -372,6 +372,7 @@ def test_cli_sim_bad_input_in_one_line():
                          (("--plan", "--callers", "0"), "--callers N with N >= 1"),
                          (("--plan", "--callers", "10", "--model", "gpt-9"), "unknown model"),
                          (("--plan", "--callers", "10", "--hardware", "tpu"), "unknown hardware"),
+                         (("--plan", "--callers", "10", "--hardware", ","), "at least one system"),
                          (("--model", "gpt-oss-120b", "--bits", "native", "--hardware", "h100", "--gpus", "1",
                            "--set", "memory_bytes=1e9"), "does not fit"),
                          (("--model", "llama-3.1-8b", "--bits", "native"), "no native format")):
