@@ -7,9 +7,10 @@
 ``heldout`` is samples/heldout/turntaking/, made with voices, texts and noise that no training or tuning touches
 (samples/heldout/README.md); any folder with a manifest.json of the same form works. The set's name is printed first
 and in the JSON. Every item of the set is played alone, as one conversation, through the default
-engines (``voice.engines.load_engines``) and the loop's default settings (``LoopConfig()``), exactly as
-``wafervox run FILE`` does. The conversation is reset before each item. The default clock is virtual (``--fast``):
-compute costs its measured time and idle waits cost nothing. ``--realtime`` paces the input in real time.
+engines (``voice.engines.load_engines``) and the loop's default settings (``LoopConfig()``; ``--waits`` and
+``--no-dictation-rule`` change its end-of-turn policy), exactly as ``wafervox run FILE`` does. The conversation is
+reset before each item. The default clock is virtual (``--fast``): compute costs its measured time and idle waits
+cost nothing. ``--realtime`` paces the input in real time.
 
 - Paused items are ONE user turn with a 400-800 ms silence inside it. The loop **cut the user off** when it ended a
   turn before the user's last part. That is: it made more than one turn report; or the first report's endpoint came
@@ -228,11 +229,20 @@ def main() -> None:
     ap.add_argument("--only", choices=("paused", "complete"), help="play one half of the set only")
     ap.add_argument("--limit", type=int, help="at most this many items of each half")
     ap.add_argument("--json", metavar="FILE", help="write the summary, the bars and every item as JSON")
+    ap.add_argument("--waits", metavar="SHORT,MID,LONG", help="the end-of-turn policy's silences in place of its own "
+                    "(e.g. 200,800,1000, the medium ones before issue 28), to compare policies in one sitting")
+    ap.add_argument("--no-dictation-rule", action="store_true", help="the policy without its dictation rule")
     args = ap.parse_args()
 
     from voice.engines import load_engines
     from voice.loop import LoopConfig
     from voice.replay import play_conversation
+    from voice.turn_end import TurnEndPolicy
+
+    policy = TurnEndPolicy(dictation=not args.no_dictation_rule,
+                           waits=tuple(int(x) for x in args.waits.split(",")) if args.waits else None)
+    config = LoopConfig(end_of_turn=policy)
+    print(f"end-of-turn policy: silences {policy.silences} ms, dictation rule {'on' if policy.dictation else 'off'}", flush=True)
 
     set_name, set_dir = resolve_set(args.set)
     print(f"set: {set_name} ({set_dir.relative_to(ROOT) if set_dir.is_relative_to(ROOT) else set_dir})", flush=True)
@@ -252,7 +262,7 @@ def main() -> None:
     items = []
     for name in chosen:
         engines.llm.reset()
-        reports, loop = play_conversation(engines, [set_dir / name], realtime=args.realtime, config=LoopConfig())
+        reports, loop = play_conversation(engines, [set_dir / name], realtime=args.realtime, config=config)
         item = score_item(name, manifest[name], reports, loop.file_offsets[0], dropped=loop.non_speech)
         print_item(item)
         items.append(item)
@@ -262,7 +272,8 @@ def main() -> None:
     print(f"set: {set_name}")
     print(f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
     if args.json:
-        Path(args.json).write_text(json.dumps({"set": set_name, "summary": summary, "clock": clock, "wall_s": round(wall_s, 1),
+        Path(args.json).write_text(json.dumps({"set": set_name, "policy": {"silences": policy.silences, "dictation": policy.dictation},
+                                               "summary": summary, "clock": clock, "wall_s": round(wall_s, 1),
                                                "load_ms": load_ms, "loadavg_before": round(load_before, 2),
                                                "loadavg_after": round(os.getloadavg()[0], 2), "items": items}, indent=1))
 

@@ -230,6 +230,24 @@ def repetition(segment_texts: list[str]) -> str | None:
     return None
 
 
+_SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
+
+
+def once(text: str) -> str:
+    """``text`` with a sentence said again right after itself dropped ("Who is the owner? Who is the owner?"): with an
+    initial prompt, Whisper often writes a short utterance twice within one segment, which the segment guard
+    (``repetition``) does not see."""
+    out: list[str] = []
+    previous = None
+    for sentence in _SENTENCE_END.split(text.strip()):
+        norm = _WORD.findall(sentence.lower())
+        if not sentence or (norm and norm == previous):
+            continue
+        out.append(sentence)
+        previous = norm
+    return " ".join(out)
+
+
 class WhisperTranscriber:
     """``Transcriber`` on faster-whisper's model, with a feature window sized to the utterance.
 
@@ -417,4 +435,6 @@ class WhisperTranscriber:
             why = "empty text"
         else:
             why = repetition(texts)
+        if self._prompt[0] == self.tokenizer.sot_prev:
+            text = once(text)
         return Decoded(text, window_s, why)

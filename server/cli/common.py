@@ -77,7 +77,8 @@ def voice_flags(sp) -> None:
     sp.add_argument("--no-pace", action="store_false", dest="pace", help="do not pace (the default)")
     sp.add_argument("--turn-end", choices=("semantic", "silence"), default="semantic",
                     help="how a turn ends: semantic (default) scores what was said at each pause with the LLM and waits "
-                         "~200 ms after a finished turn, up to ~1 s after an unfinished one; silence waits --silence-ms")
+                         "~200 ms after a finished turn, ~1 s when unsure or dictating (a number, a spelled name), 1.2 s after "
+                         "an unfinished one; silence waits --silence-ms")
     sp.add_argument("--eagerness", choices=("low", "medium", "high", "auto"), default="auto",
                     help="semantic end of turn: high answers sooner, low waits longer for the user (default auto = medium)")
     sp.add_argument("--silence-ms", type=int, default=None, metavar="MS",

@@ -288,3 +288,12 @@ def test_unknown_asr_models_say_what_there_is():
         whisper_model_dir("base.en")
     with pytest.raises(EngineError, match="tiny.en, base"):
         whisper_model_dir("large")
+
+
+def test_a_sentence_written_twice_in_a_row_is_kept_once():
+    from voice.asr import once
+
+    assert once("Who is the owner? Who is the owner?") == "Who is the owner?"
+    assert once("I'd like two. I'd like two. I'd like two.") == "I'd like two."
+    assert once("No. No, thanks.") == "No. No, thanks." and once("Yes, yes.") == "Yes, yes."
+    assert once("My email is tom.at.example.com") == "My email is tom.at.example.com" and once("") == ""

@@ -22,6 +22,7 @@ from voice.turn_end import (
     TurnEndPolicy,
     TurnEndScore,
     TurnEndScorer,
+    dictating,
     model_key,
     normalize,
 )
@@ -119,6 +120,28 @@ def test_policy_rules_and_eagerness():
         TurnEndPolicy(eagerness="eager")
     zero = TurnEndScore(p_end=0.4, p_token=0.4, source="zero-shot")  # a likely question, zero-shot: closes early
     assert TurnEndPolicy().decide(zero, text).rule == "confident"
+
+
+def test_dictation_is_never_closed_at_a_pause_of_800_ms_unless_the_head_is_sure():
+    """Numbers, spelled letters, a list's comma: a confident score on such a text waits the middle silence, which at
+    medium (the default) outlasts an 800 ms pause with webrtcvad's early last voiced sample (~150 ms) to spare; so does
+    an unsure score.  A question mark is Whisper's hearing of a rise: it closes early."""
+    for text in ("My number is 555 1234.", "The zip code is six zero,", "My account number 8 7 7 3 8 1 2",
+                 "My last name is Sam K. O-W-A-L-S-K-I.", "Send it to 42.", "It's spelled G, A, R."):
+        assert dictating(text), text
+    for text in ("Is it 12 Harbor Street or 20?", "I need bread and milk.", "Who owns it?", "I want a", "So I", ""):
+        assert not dictating(text), text
+    head = lambda p: TurnEndScore(p_end=p, p_token=0.0, source="head")  # noqa: E731
+    pol = TurnEndPolicy()
+    short, mid, long = EAGERNESS["medium"]
+    assert mid >= 800 + 150 and long > mid
+    assert pol.decide(head(0.95), "My number is 555 1234.") == Decision(mid, "dictation")
+    assert pol.decide(head(0.95), "Is it 12 Harbor Street or 20?") == Decision(short, "confident")
+    assert pol.decide(head(0.4), "My number is 555") == Decision(mid, "unsure")
+    assert TurnEndPolicy(dictation=False).decide(head(0.95), "My number is 555 1234.") == Decision(short, "confident")
+    old = TurnEndPolicy(waits=(200, 800, 1000))
+    assert old.silences == (200, 800, 1000) and old.waiting_ms == 800 and old.max_stop_ms == 1000
+    assert old.decide(head(0.3), "Hello there") == Decision(800, "unsure")
 
 
 def test_scoring_leaves_the_answers_prefix_in_the_cache(scorer):
