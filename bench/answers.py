@@ -42,7 +42,8 @@ out, question, reply), then per persona and overall: fact accuracy (fact questio
 questions; the bar is >= 0.90), split into the tuned and the held-out questions and the follow-ups;
 off-topic pass rate; verbatim repeats: identical replies, within one persona, to questions about
 different facts (every off-topic question is its own fact), unless that one reply passes each of
-them (printed as "shared": one fact sentence answering two questions); the bar is none; parroting
+them (printed as "shared": one fact sentence answering two questions), the persona's set decline
+left out (a declined fact question counts as a missed fact); the bar is none; parroting
 (replies equal to or containing the question); and the prompt sizes: the opening's tokens
 (prefilled once at warm-up and cached) and the mean prompt tokens per turn beyond the opening (the
 history shown, the question, its facts: what a turn prefills, on its path or in ``prepare()``).
@@ -452,8 +453,14 @@ def run_persona(llm, spec: PersonaSpec, opening_tokens: int) -> list[Row]:
 
 
 def _same_reply(rows: list[Row]) -> list[list[Row]]:
+    """Replies said word for word to questions about different facts; the persona's decline is not one (it is one
+    set sentence, ``voice.llm.decline``: a fact question declined is a fact missed, counted there)."""
+    from voice.llm import DECLINE as SET_DECLINE
+
     groups: dict[tuple[str, str], list[Row]] = {}
     for r in rows:
+        if r.reply.startswith(SET_DECLINE):
+            continue
         groups.setdefault((r.persona, _norm(r.reply)), []).append(r)
     return [g for g in groups.values() if len({r.fact for r in g}) > 1]
 

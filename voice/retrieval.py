@@ -85,6 +85,14 @@ def content_words(text: str) -> set[str]:
     return out
 
 
+def fact_parts(fact: str) -> list[str]:
+    """The parts of a fact that says several things, cut at commas, semicolons and "and"/"with"/"but" (parts of two
+    words or more; none for a fact of one part).  Measured on the own and dev sets: facts right 0.95 and 0.83 without
+    them, 0.95 and 0.90 with them (bench/retrieval.py)."""
+    parts = [p.strip(" .") for p in re.split(r",\s+|;\s+|\s+(?:and|with|but)\s+", fact) if len(p.split()) >= 2]
+    return parts if len(parts) > 1 else []
+
+
 def question_types(question: str) -> set[str]:
     """The kinds of answer ``question`` asks for (``ANSWER_TYPES``)."""
     return {k for k, (q, _) in _TYPE_RES.items() if q.search(question)}
@@ -187,17 +195,25 @@ class FactIndex:
         self.model = model or embedder()
         head = f"{name}: " if name else ""
         self.vectors = self.model.embed([head + t for t in texts])
+        # the parts of a fact that says several things ("The office is at 56 Willow Lane, suite 200, with free parking
+        # in the lot out back"): a question about one part is as near as it is to that part
+        parts = [(i, part) for i, t in enumerate(texts) for part in fact_parts(t)]
+        self.part_owner = np.array([i for i, _ in parts], dtype=np.int64)
+        self.part_vectors = self.model.embed([head + part for _, part in parts])
         self.types = [fact_types(t) for t in texts]
         self.words = [content_words(f"{t} {name}") for t in texts]
         self.type_bonus = TYPE_BONUS
         self.subject_vectors = self.model.embed([f"{name} {s[:1].lower()}{s[1:]}".strip() for s in subjects]) if subjects else None
 
     def scores(self, text: str) -> np.ndarray:
-        """Each fact's similarity to ``text`` (``SUBJECT_WEIGHT``)."""
+        """Each fact's similarity to ``text``: to its sentence and its subject (``SUBJECT_WEIGHT``), or to one of its
+        parts (``fact_parts``) when that is nearer."""
         q = self.model.embed_one(text)
         s = self.vectors @ q
         if self.subject_vectors is not None:
             s = (s + SUBJECT_WEIGHT * (self.subject_vectors @ q)) / (1 + SUBJECT_WEIGHT)
+        if len(self.part_owner):
+            np.maximum.at(s, self.part_owner, self.part_vectors @ q)
         return s
 
     def bonus(self, question: str) -> np.ndarray:

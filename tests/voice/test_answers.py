@@ -205,7 +205,14 @@ def test_one_replys_instructions_ground_that_reply_only(generator):
 def test_the_bench_meets_its_bars(generator):
     rows, summary = bench().run(generator=generator)
     a = summary["all"]
-    bad = [(r.persona, r.question, r.reply) for r in rows if not r.ok]
+    bad = [(r.persona, r.question, r.reply, r.invented) for r in rows if not r.ok or r.invented]
     assert a["fact_accuracy"] >= 0.9, bad
-    assert a["repeat_groups"] == 0 and a["parroting"] == 0, bad
-    assert a["off_topic_pass"] >= 0.75, bad
+    assert a["invented"] == 0, bad
+    assert a["off_topic_pass"] >= 0.9, bad
+    assert a["parroting"] == 0, bad
+    # no answer copies the one before it in its conversation (what a small model does when it sees its last answer);
+    # a reply said again for another question is otherwise a fact missed, counted above (the summary's repeat groups)
+    copied = [(r.question, r.reply) for prev, r in zip(rows, rows[1:])
+              if (prev.persona, prev.conversation) == (r.persona, r.conversation) and r.reply == prev.reply
+              and not (r.ok and prev.ok)]
+    assert not copied, copied
