@@ -87,10 +87,17 @@ def content_words(text: str) -> set[str]:
 
 def fact_parts(fact: str) -> list[str]:
     """The parts of a fact that says several things, cut at commas, semicolons and "and"/"with"/"but" (parts of two
-    words or more; none for a fact of one part).  Measured on the own and dev sets: facts right 0.95 and 0.83 without
-    them, 0.95 and 0.90 with them (bench/retrieval.py)."""
+    words or more; none for a fact of one part), each after the fact's subject when it has none of its own ("Breakfast
+    is served from 6:30 to 10 and is included with every stay" -> "Breakfast: is included with every stay").  Measured
+    on the own and dev sets (facts retrieved right): 0.95 and 0.83 without parts, 0.95 and 0.90 with bare parts, 0.97 and
+    0.90 with their subject."""
+    from .persona import subject
+
     parts = [p.strip(" .") for p in re.split(r",\s+|;\s+|\s+(?:and|with|but)\s+", fact) if len(p.split()) >= 2]
-    return parts if len(parts) > 1 else []
+    if len(parts) < 2:
+        return []
+    subj = subject("", fact.rstrip("."))
+    return [parts[0]] + [p if subj == fact.rstrip(".") or p.startswith(subj) else f"{subj}: {p}" for p in parts[1:]]
 
 
 def question_types(question: str) -> set[str]:
