@@ -17,10 +17,11 @@ free-text ``instructions`` a Realtime client would send; ``--build`` picks which
 built from: ``instructions`` (default) is the server's path, ``Persona.from_instructions``;
 ``facts`` is ``Persona.from_facts``.
 
-Sets (``--set``, printed first): ``own`` (default), the three personas above, written here with the grounding; ``dev``
-and ``heldout``, prose personas in ``bench/personas/<set>/*.json`` written as a user writes a Realtime client's
-``instructions`` (a paragraph of facts), with questions worded unlike the facts.  ``dev`` may be used to tune;
-``heldout`` never is: it is the figure for personas and wording nobody tuned on (``bench/personas/README.md``).
+Sets (``--set``, printed first): ``own`` (default), the three personas above, written here with the grounding; ``dev``,
+``heldout`` and ``heldout2``, prose personas in ``bench/personas/<set>/*.json`` written as a user writes a Realtime
+client's ``instructions`` (a paragraph of facts), with questions worded unlike the facts.  ``dev`` may be used to tune;
+the held-apart ones never are: they are the figures for personas and wording nobody tuned on
+(``bench/personas/README.md`` says what each has been used for).
 
 Each question is one of:
 - fact: a paraphrase of a question about one fact, a follow-up after a question about another
@@ -277,7 +278,8 @@ PERSONAS_DIR = ROOT / "bench" / "personas"
 #: what each set is, printed with its figures
 SET_NOTES = {"own": "the bakery, dentist and bike personas written with the grounding (bench/answers.py)",
              "dev": "prose personas that tuning may look at (bench/personas/dev)",
-             "heldout": "prose personas and questions held apart: never used to tune (bench/personas/heldout)"}
+             "heldout": "prose personas and questions held apart: never used to tune (bench/personas/heldout)",
+             "heldout2": "prose personas written after the retrieval was frozen, run once (bench/personas/heldout2)"}
 
 
 def load_spec(path: Path) -> PersonaSpec:
@@ -550,8 +552,9 @@ def _fmt(v, spec=".2f"):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--set", default="own", choices=["own", "dev", "heldout"],
-                    help="the personas: own (default), dev or heldout (bench/personas/<set>, never used to tune)")
+    ap.add_argument("--set", default="own", choices=list(SET_NOTES),
+                    help="the personas: own (default), dev, heldout or heldout2 (bench/personas/<set>; the held-apart ones "
+                         "never used to tune)")
     ap.add_argument("--persona", action="append", help="run only this persona of the set (repeatable; default: all)")
     ap.add_argument("--build", choices=["instructions", "facts"], default="instructions",
                     help="build the non-default personas from the client's instructions text (the server's path, "
