@@ -18,7 +18,15 @@ CFG = InterruptionConfig()
 OVER = SpeechStarted(sample=42400, first_voiced_sample=40000)  # 2.5 s, known at 2.65 s: half of "We open at nine." played
 QUIET = Pause(sample=46400, first_voiced_sample=40000, last_voiced_sample=43199, start_pad=36800, end_pad=46400)  # 2.9 s
 DONE = SpeechStopped(sample=50400, first_voiced_sample=40000, last_voiced_sample=43199, start_pad=36800, end_pad=46400)
-REPLIES = {QUESTION: ANSWER, "Stop.": "Okay.", "Wait, when do you close?": "At six."}
+REPLIES = {QUESTION: ANSWER, "Stop.": "Okay.", "Wait, when do you close?": "At six.", "Yeah, but when do you close?": "At six."}
+
+
+def _the_user_ends(s: Scene, first_voiced: int) -> None:
+    """The user's speech from ``first_voiced`` goes on to 3.5 s, pauses (3.75 s) and stops (4 s); the loop finishes."""
+    span = dict(first_voiced_sample=first_voiced, last_voiced_sample=56000, start_pad=first_voiced - 3200, end_pad=60000)
+    for ev in (Pause(sample=60000, **span), SpeechStopped(sample=64000, **span)):
+        s.at(ev.sample, ev)
+    s.loop.finish()
 
 
 def _scene(*overlap_texts, config: LoopConfig | None = None) -> Scene:
@@ -117,29 +125,20 @@ def test_a_sentence_interrupts_while_it_goes_on_once_its_words_are_heard():
     s.silence_until(48640)  # 3.04 s: 500 ms after its first voiced sample, still speaking (no pause): transcribed
     assert [type(e).__name__ for e in s.events[n:]] == ["OutputPaused", "UserSpeechStarted", "TurnEnded"]
     assert s.loop.barge_ins[0].stopped_s == _approx(2.65) and s.events[-1].spoken == "Sure. We open"
-    long_quiet = Pause(sample=60000, first_voiced_sample=40000, last_voiced_sample=56000, start_pad=36800, end_pad=60000)
-    long_done = SpeechStopped(sample=64000, first_voiced_sample=40000, last_voiced_sample=56000, start_pad=36800, end_pad=60000)
-    s.at(long_quiet.sample, long_quiet)
-    s.at(long_done.sample, long_done)
-    s.loop.finish()
+    _the_user_ends(s, 40000)
     assert [r.transcript for r in s.loop.reports] == [QUESTION, "Wait, when do you close?"]
     assert s.loop.reports[1].reply == "At six."
 
 
 def test_the_user_going_on_after_a_backchannel_is_judged_again():
     s = _scene("Yeah.", "Yeah, but when", "Yeah, but when do you close?")
-    REPLIES["Yeah, but when do you close?"] = "At six."
     s.at(OVER.sample, OVER)
     s.at(QUIET.sample, QUIET)  # "Yeah.": resumed at 2.95 s
     s.at(47200, SpeechResumed(sample=47200))  # 2.95 s: the same utterance goes on
     assert [type(e).__name__ for e in s.events][-2:] == ["OutputResumed", "OutputPaused"]
     s.silence_until(56000)  # 3.5 s: 500 ms after it went on: words of content
     assert s.loop.barge_ins and s.loop.reports[0].overlaps[0]["kind"] == "backchannel"
-    quiet = Pause(sample=60000, first_voiced_sample=47200, last_voiced_sample=56000, start_pad=44000, end_pad=60000)
-    done = SpeechStopped(sample=64000, first_voiced_sample=47200, last_voiced_sample=56000, start_pad=44000, end_pad=60000)
-    s.at(quiet.sample, quiet)
-    s.at(done.sample, done)
-    s.loop.finish()
+    _the_user_ends(s, 47200)
     assert [r.transcript for r in s.loop.reports] == [QUESTION, "Yeah, but when do you close?"]
 
 
