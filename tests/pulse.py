@@ -43,3 +43,19 @@ class PulseServer:
     def close(self):
         subprocess.run(["pulseaudio", "--kill"], env=self.env, capture_output=True, timeout=10)
         shutil.rmtree(self.runtime, ignore_errors=True)
+
+
+def wait_listening(proc: subprocess.Popen, timeout_s: float = 240) -> str:
+    """Read ``wafervox mic``'s stderr until it says it is listening (the engines load first); returns what it said.
+    Fails the test when the demo exits first or takes longer than ``timeout_s``."""
+    import pytest
+
+    deadline = time.monotonic() + timeout_s
+    seen = ""
+    while "listening" not in seen:
+        line = proc.stderr.readline()
+        if not line:
+            pytest.fail(f"mic demo exited early: {seen}")
+        seen += line
+        assert time.monotonic() < deadline, "mic demo did not start listening"
+    return seen

@@ -82,7 +82,26 @@ def resolve_device(spec, kind: str, found: list[dict] | None = None) -> int:
     return part[0]["index"]
 
 
-class Microphone(QueueSource):
+class _Stream:
+    """A PortAudio stream's life and latency (``self._stream``), shared by the microphone and the speaker."""
+
+    _stream = None
+
+    def start(self):
+        self._stream.start()
+        return self
+
+    @property
+    def latency(self) -> float:
+        """The latency PortAudio reports for the stream (s): a prior for the echo canceller's delay."""
+        return float(self._stream.latency)
+
+    def close(self):
+        self._stream.stop()
+        self._stream.close()
+
+
+class Microphone(_Stream, QueueSource):
     """Default input device, mono PCM16 at ``rate``, in blocks of ``block_ms``."""
 
     def __init__(self, rate: int = 16000, block_ms: int = 20, device=None):
@@ -101,21 +120,8 @@ class Microphone(QueueSource):
         except Exception as exc:  # PortAudioError and friends
             raise AudioError(f"cannot open the microphone: {exc}") from None
 
-    def start(self):
-        self._stream.start()
-        return self
 
-    @property
-    def latency(self) -> float:
-        """The input latency PortAudio reports (s): a prior for the echo canceller's delay."""
-        return float(self._stream.latency)
-
-    def close(self):
-        self._stream.stop()
-        self._stream.close()
-
-
-class Speaker:
+class Speaker(_Stream):
     """Default output device; ``play`` queues PCM, ``clear_after`` drops what is not yet played."""
 
     def __init__(self, rate: int, device=None):
@@ -139,10 +145,6 @@ class Speaker:
         except Exception as exc:
             raise AudioError(f"cannot open the speaker: {exc}") from None
 
-    def start(self):
-        self._stream.start()
-        return self
-
     def play(self, t: float, pcm: np.ndarray) -> None:
         with self._lock:
             self._buf = np.concatenate([self._buf, pcm.astype(np.int16)])
@@ -150,12 +152,3 @@ class Speaker:
     def clear_after(self, t: float) -> None:
         with self._lock:
             self._buf = self._buf[:0]
-
-    @property
-    def latency(self) -> float:
-        """The output latency PortAudio reports (s)."""
-        return float(self._stream.latency)
-
-    def close(self):
-        self._stream.stop()
-        self._stream.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from kinds import ENGINES, kind
-from pulse import PulseServer
+from pulse import PulseServer, wait_listening
 
 from voice.audio import read_wav
 from voice.replay import SAMPLES, manifest
@@ -38,14 +38,7 @@ def test_mic_demo_hears_and_answers(pulse, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rec = None
     try:
-        deadline = time.monotonic() + 240
-        seen = ""
-        while "listening" not in seen:  # engines load first
-            line = proc.stderr.readline()
-            if not line:
-                pytest.fail(f"mic demo exited early: {seen}")
-            seen += line
-            assert time.monotonic() < deadline, "mic demo did not start listening"
+        wait_listening(proc)  # (the engines load first)
         rec = pulse.record(out_wav)
         time.sleep(0.5)
         pulse.play(wav).wait(timeout=30)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from kinds import ENGINES, kind
-from pulse import PulseServer
+from pulse import PulseServer, wait_listening
 
 from voice.replay import SAMPLES, manifest
 
@@ -82,14 +82,7 @@ def test_mic_on_a_named_device_records_the_session(pulse, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "server.cli", "mic", "--device", "pulse", "--seconds", "14", "--json",
                              "--record", str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 240
-        seen = ""
-        while "listening" not in seen:  # engines load first
-            line = proc.stderr.readline()
-            if not line:
-                pytest.fail(f"mic demo exited early: {seen}")
-            seen += line
-            assert time.monotonic() < deadline, "mic demo did not start listening"
+        seen = wait_listening(proc)  # (the engines load first)
         assert "echo cancellation on" in seen
         time.sleep(0.5)
         pulse.play(wav).wait(timeout=30)
