@@ -11,7 +11,7 @@ The tree of one session::
 
     voice.session                                  wafervox.session.*, gen_ai.conversation.id
       voice.turn                                   wafervox.turn.*, wafervox.latency.*, wafervox.work.*,
-                                                   wafervox.simulated.*, wafervox.end_of_turn.*; event "barge_in"
+                                                   wafervox.simulated.*, wafervox.end_of_turn.*; event "barge_in", "overlap"
         voice.user_speech      speech_start -> last_voiced
         voice.endpoint         last_voiced  -> endpoint          (end-of-turn policy included)
         voice.asr              asr_start    -> transcript
@@ -406,6 +406,9 @@ class _TurnSpans:
             out.append(span)
         if "first_audio" in s and s.get("first_audio") != s.get("answer_audio"):
             turn.add_event("first_audio", {"wafervox.ack": "ack" in r.mitigations}, timestamp=st._ns(s["first_audio"]))
+        for o in r.overlaps:  # speech over the answer that was no turn: the voice paused, then went on
+            turn.add_event("overlap", {"wafervox.overlap.kind": o["kind"], "wafervox.overlap.text": o["text"],
+                                       "wafervox.overlap.paused_ms": o["paused_ms"]}, timestamp=st._ns(o["speech_start_s"]))
         if self.cut:
             at = s.get("done", end)
             turn.add_event("barge_in" if self.reason == "turn_detected" else "cut", {"wafervox.turn.end_reason": self.reason},
@@ -421,7 +424,7 @@ class _TurnSpans:
         attrs = {"wafervox.turn.number": r.turn, "wafervox.turn.budget_ms": r.budget_ms,
                  "wafervox.turn.within_budget": r.within_budget, "wafervox.turn.barge_in": r.barge_in,
                  "wafervox.turn.end_reason": self.reason or "completed", "wafervox.turn.typed": "last_voiced" not in self.stamps,
-                 "wafervox.turn.mitigation": r.mitigation}
+                 "wafervox.turn.mitigation": r.mitigation, "wafervox.turn.overlaps": len(r.overlaps)}
         if r.mitigations:
             attrs["wafervox.turn.mitigations"] = tuple(r.mitigations)
         v2v, answer = r.voice_to_voice_ms, r.answer_ms

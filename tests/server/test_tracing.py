@@ -132,6 +132,24 @@ def test_the_loop_clock_becomes_epoch_time_with_one_offset(traced):
     assert session.end_time - session.start_time == pytest.approx(3e9, abs=1000)
 
 
+def test_speech_over_the_answer_that_was_no_turn_is_an_event_of_the_turn(traced):
+    tracing, exporter, opened = traced
+    st = tracing.session(LLMInfo(model="m", max_tokens=48), now=lambda: 0.0)
+    rep = report(FULL)
+    tr = TurnTrace(turn=1, budget_ms=500.0, overlaps=({"kind": "backchannel", "text": "Uh-huh.", "speech_start_s": 12.0,
+                                                      "paused_ms": 480.0},))
+    tr.stamps, tr.end_of_turn, tr.transcript, tr.reply = dict(FULL), EOT, rep.transcript, rep.reply
+    st.turn(tr.report(simulated=SIM))
+    st.close(at_s=13.0)
+    (turn,) = [s for s in exporter.get_finished_spans() if s.name == "voice.turn"]
+    assert turn.attributes["wafervox.turn.overlaps"] == 1 and turn.attributes["wafervox.turn.barge_in"] is False
+    (ev,) = turn.events
+    assert ev.name == "overlap" and dict(ev.attributes) == {"wafervox.overlap.kind": "backchannel",
+                                                            "wafervox.overlap.text": "Uh-huh.", "wafervox.overlap.paused_ms": 480.0}
+    assert ev.timestamp - turn.start_time == pytest.approx(2e9, abs=1000)  # speech_start 10.0, the overlap at 12.0
+    assert not opened.open
+
+
 def test_a_barge_in_turn_has_the_stages_it_reached_ended_at_the_cut(traced):
     tracing, exporter, opened = traced
     st = tracing.session(LLMInfo(model="m", max_tokens=48), now=lambda: 0.0)
