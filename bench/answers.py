@@ -279,7 +279,8 @@ PERSONAS_DIR = ROOT / "bench" / "personas"
 SET_NOTES = {"own": "the bakery, dentist and bike personas written with the grounding (bench/answers.py)",
              "dev": "prose personas that tuning may look at (bench/personas/dev)",
              "heldout": "prose personas and questions held apart: never used to tune (bench/personas/heldout)",
-             "heldout2": "prose personas written after the retrieval was frozen, run once (bench/personas/heldout2)"}
+             "heldout2": "prose personas written after the retrieval was frozen, run once (bench/personas/heldout2)",
+             "heldout3": "prose personas written after heldout2's run, before any later change (bench/personas/heldout3)"}
 
 
 def load_spec(path: Path) -> PersonaSpec:
@@ -553,8 +554,8 @@ def _fmt(v, spec=".2f"):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", default="own", choices=list(SET_NOTES),
-                    help="the personas: own (default), dev, heldout or heldout2 (bench/personas/<set>; the held-apart ones "
-                         "never used to tune)")
+                    help="the personas: own (default), dev, heldout, heldout2 or heldout3 (bench/personas/<set>; the "
+                         "held-apart ones never used to tune)")
     ap.add_argument("--persona", action="append", help="run only this persona of the set (repeatable; default: all)")
     ap.add_argument("--build", choices=["instructions", "facts"], default="instructions",
                     help="build the non-default personas from the client's instructions text (the server's path, "
