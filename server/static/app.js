@@ -57,6 +57,8 @@
     timers: new Set(),      // pending output_audio.played timers
     agentLines: new Map(),  // item_id -> <p> of the agent's transcript
     turns: [],              // turn.latency reports, oldest first
+    held: null,             // output paused while speech over it is judged: {chunks: [...], deltas: [...], itemId}
+    overlaps: [],           // each output_audio.resumed: {kind, text, pausedMs} (the answer went on)
     stopping: false,
   };
   window.wafervox = S;      // for debugging from the console (and the browser test)
@@ -146,29 +148,40 @@
     const samples = pcm16ToFloat(ev.delta || "");
     const first = S.outputReceived;          // index of this chunk's first sample, session-wide
     S.outputReceived += samples.length;
-    if (!S.ctx || !samples.length || S.truncated.has(ev.item_id)) return;
+    if (S.held) { S.held.deltas.push([ev, samples, first]); return; }   // judged: played when it goes on
+    playSamples(ev, samples, first);
+  }
 
+  // A chunk's buffer from `offset` (s) on, after what is queued; returns where it starts (context time).
+  function schedule(buf, offset, itemId, responseId) {
     const ctx = S.ctx;
-    const buf = ctx.createBuffer(1, samples.length, OUTPUT_RATE);
-    buf.copyToChannel(samples, 0);
     const src = ctx.createBufferSource();
     src.buffer = buf;
     src.connect(ctx.destination);
     const start = Math.max(S.nextTime, ctx.currentTime + PLAY_LEAD_S);
-    const end = start + buf.duration;
-    src.start(start);
+    const end = start + buf.duration - offset;
+    src.start(start, offset);
     S.nextTime = end;
+    const chunk = { src, start, end, offset, itemId, responseId };
+    S.sources.push(chunk);
+    src.onended = () => { S.sources = S.sources.filter((c) => c !== chunk); };
+    if (!S.itemSpans.has(itemId)) S.itemSpans.set(itemId, []);
+    S.itemSpans.get(itemId).push([start, end]);
+    return start;
+  }
+
+  function playSamples(ev, samples, first) {
+    if (!S.ctx || !samples.length || S.truncated.has(ev.item_id)) return;
+    const ctx = S.ctx;
+    const buf = ctx.createBuffer(1, samples.length, OUTPUT_RATE);
+    buf.copyToChannel(samples, 0);
+    const start = schedule(buf, 0, ev.item_id, ev.response_id);
 
     if (S.awaitingAnswer) {
       const i = samples.findIndex((v) => Math.abs(v) > LEVEL);
       if (i >= 0) answerSounded(start + i / OUTPUT_RATE);
     }
 
-    const chunk = { src, start, end, itemId: ev.item_id, responseId: ev.response_id };
-    S.sources.push(chunk);
-    src.onended = () => { S.sources = S.sources.filter((c) => c !== chunk); };
-    if (!S.itemSpans.has(ev.item_id)) S.itemSpans.set(ev.item_id, []);
-    S.itemSpans.get(ev.item_id).push([start, end]);
 
     // First chunk of a response: tell the server when it actually starts sounding.
     if (!S.seenResponses.has(ev.response_id)) {
@@ -191,12 +204,39 @@
     return !!S.ctx && S.sources.some((c) => c.end > S.ctx.currentTime);
   }
 
+  // Speech over the answer is being judged (output_audio.paused): what is queued stops now and is kept, with what
+  // comes meanwhile; the item's spans end here, so a truncate counts only what was heard.
+  function pausePlayback() {
+    if (!S.ctx || S.held || !isPlaying()) return;
+    const now = S.ctx.currentTime;
+    const live = S.sources.filter((c) => c.end > now).sort((a, b) => a.start - b.start);
+    S.held = { chunks: [], deltas: [], itemId: (live.find((c) => c.start <= now) || live[0]).itemId };
+    for (const c of live) {
+      S.held.chunks.push([c.src.buffer, c.offset + Math.max(0, now - c.start), c.itemId, c.responseId]);
+      c.src.onended = null;
+      try { c.src.stop(); } catch (_) { /* already stopped */ }
+    }
+    S.sources = S.sources.filter((c) => c.end <= now);
+    for (const spans of S.itemSpans.values()) for (const sp of spans) if (sp[1] > now) sp[1] = Math.max(sp[0], now);
+    S.nextTime = now;
+  }
+
+  // It was no turn (output_audio.resumed): the answer goes on from where it paused.
+  function resumePlayback() {
+    const h = S.held;
+    S.held = null;
+    if (!h || !S.ctx) return;
+    for (const [buf, offset, itemId, responseId] of h.chunks) if (!S.truncated.has(itemId)) schedule(buf, offset, itemId, responseId);
+    for (const [ev, samples, first] of h.deltas) playSamples(ev, samples, first);
+  }
+
   function stopPlayback() {
     for (const c of S.sources) {
       c.src.onended = null;
       try { c.src.stop(); } catch (_) { /* already stopped */ }
     }
     S.sources = [];
+    S.held = null;
     S.nextTime = 0;
     for (const t of S.timers) clearTimeout(t);
     S.timers.clear();
@@ -207,7 +247,7 @@
   function bargeIn() {
     const now = S.ctx.currentTime;
     const live = S.sources.filter((c) => c.end > now).sort((a, b) => a.start - b.start);
-    const itemId = (live.find((c) => c.start <= now) || live[0]).itemId;
+    const itemId = S.held ? S.held.itemId : (live.find((c) => c.start <= now) || live[0]).itemId;
     let played = 0;
     for (const [a, b] of S.itemSpans.get(itemId) || []) played += Math.min(Math.max(now - a, 0), b - a);
     stopPlayback();
@@ -427,7 +467,7 @@
     },
     "input_audio_buffer.speech_started": () => {
       S.awaitingAnswer = false;
-      if (isPlaying()) bargeIn();
+      if (isPlaying() || S.held) bargeIn();
       setStatus("hearing you…");
     },
     "input_audio_buffer.speech_stopped": () => {
@@ -448,7 +488,7 @@
     "response.done": (ev) => {
       // A response the server cancelled (e.g. interrupted) must stop sounding here too.
       const r = ev.response || {};
-      if (r.status === "cancelled" && isPlaying() && S.sources.some((c) => c.responseId === r.id && c.end > S.ctx.currentTime)) {
+      if (r.status === "cancelled" && (S.held || isPlaying() && S.sources.some((c) => c.responseId === r.id && c.end > S.ctx.currentTime))) {
         bargeIn();
       }
       setStatus("listening");
@@ -459,6 +499,13 @@
     },
     "error": (ev) => setStatus(`error: ${(ev.error && ev.error.message) || "unknown"}`, true),
     "turn.latency": (ev) => addTurn(ev.report),
+    // our extensions: the user's speech over the answer is judged; the answer pauses here, then goes on or is cut
+    "output_audio.paused": () => { if (S.transport === "websocket") pausePlayback(); setStatus("hearing you…"); },
+    "output_audio.resumed": (ev) => {
+      S.overlaps.push({ kind: ev.kind, text: ev.text });
+      if (S.transport === "websocket") resumePlayback();
+      setStatus("answering…");
+    },
   };
 
   function onMessage(msg) {

@@ -253,3 +253,53 @@ def test_demo_page_answers_and_draws_waterfall(browser_available, tmp_path):
 
     w, h = png_size(shot)
     assert w >= 600 and h >= 400 and shot.stat().st_size > 10_000, f"screenshot {w}x{h}, {shot.stat().st_size} bytes"
+
+
+OVERLAP_READY_JS = """() => !!window.wafervox && window.wafervox.overlaps.length > 0
+  && [...document.querySelectorAll('#transcript p.agent .text')].some(e => e.textContent.trim())"""
+OVERLAP_STATE_JS = """() => ({overlaps: window.wafervox.overlaps,
+  interrupted: document.querySelectorAll('#transcript p.agent.interrupted').length,
+  users: [...document.querySelectorAll('#transcript p.user .text')].map(e => e.textContent)})"""
+
+
+def test_a_backchannel_over_the_answer_pauses_it_on_the_page_and_it_goes_on(browser_available, tmp_path):
+    """The fake microphone asks, then says "uh-huh" (an espeak-ng voice of samples/overlap) two seconds after the
+    question, over the answer: the page hears output_audio.paused and .resumed, its answer is not cut (no truncate, not
+    marked interrupted) and the backchannel is no user turn."""
+    from scipy.signal import resample_poly
+
+    base = fake_capture_wav(tmp_path / "question.wav")
+    with wave.open(str(base), "rb") as w:
+        q = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    manifest = json.loads((SAMPLES / "manifest.json").read_text())
+    end_s = manifest["turns"][manifest["conversations"]["morning"][0]]["speech_end_s"]
+    with wave.open(str(SAMPLES / "overlap" / "uh_huh.wav"), "rb") as w:
+        bc = resample_poly(np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float64), FAKE_RATE, w.getframerate())
+    at = int((end_s + 2.0) * FAKE_RATE)
+    mix = q.astype(np.float64)
+    mix[at:at + len(bc)] += bc
+    wav = tmp_path / "fake_mic.wav"
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(FAKE_RATE)
+        w.writeframes(np.clip(np.round(mix), -32768, 32767).astype("<i2").tobytes())
+
+    sent: list[dict] = []
+
+    def watch(page) -> None:
+        page.on("websocket", lambda ws: ws.on("framesent", lambda p: sent.append(json.loads(p)) if isinstance(p, str) else None))
+
+    proc, port, stdout = start_server(SERVER_CMD, tmp_path / "server.log")
+    try:
+        out = open_page(port, wav, tmp_path / "overlap.png", ready_js=OVERLAP_READY_JS, states=(STATE_JS, OVERLAP_STATE_JS),
+                        watch=watch)
+    finally:
+        stop_server(proc)
+    st = out["state"]
+    diag = f"page state: {json.dumps(st)}\nerrors: {out['errors']}\nserver stdout: {stdout[-10:]}"
+    assert out["ready"], f"no output_audio.resumed within {PAGE_TIMEOUT_S} s\n{diag}"
+    assert st["overlaps"][0]["kind"] in ("backchannel", "noise"), diag
+    assert st["interrupted"] == 0 and not any(e["type"] == "conversation.item.truncate" for e in sent), diag
+    assert len([u for u in st["users"] if u.strip()]) == 1, diag  # the question only: "uh-huh" made no turn
+    assert not out["errors"], diag
