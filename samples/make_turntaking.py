@@ -155,10 +155,10 @@ def slug(text: str, words: int = 4) -> str:
     return "_".join(clean[:words])
 
 
-def pause_lengths(n: int) -> list[int]:
-    """n pause lengths spread evenly over 400-800 ms (both ends included), in a seeded order."""
-    lengths = np.round(np.linspace(400, 800, n) / 10).astype(int) * 10
-    return [int(x) for x in np.random.default_rng(7).permutation(lengths)]
+def pause_lengths(n: int, lo_ms: int = 400, hi_ms: int = 800, seed: int = 7) -> list[int]:
+    """n pause lengths spread evenly over ``lo_ms``-``hi_ms`` (both ends included, in 10 ms), in a seeded order."""
+    lengths = np.round(np.linspace(lo_ms, hi_ms, n) / 10).astype(int) * 10
+    return [int(x) for x in np.random.default_rng(seed).permutation(lengths)]
 
 
 def items() -> list[Item]:

@@ -12,6 +12,8 @@ import subprocess
 import tempfile
 import time
 
+import pytest
+
 
 class PulseServer:
     def __init__(self):
@@ -48,8 +50,6 @@ class PulseServer:
 def wait_listening(proc: subprocess.Popen, timeout_s: float = 240) -> str:
     """Read ``wafervox mic``'s stderr until it says it is listening (the engines load first); returns what it said.
     Fails the test when the demo exits first or takes longer than ``timeout_s``."""
-    import pytest
-
     deadline = time.monotonic() + timeout_s
     seen = ""
     while "listening" not in seen:
@@ -59,3 +59,29 @@ def wait_listening(proc: subprocess.Popen, timeout_s: float = 240) -> str:
         seen += line
         assert time.monotonic() < deadline, "mic demo did not start listening"
     return seen
+
+
+def mic_session(pulse: PulseServer, wav, *args: str, record=None, cwd=None) -> tuple[subprocess.CompletedProcess, str]:
+    """``wafervox mic --seconds 14 --json *args`` on ``pulse``'s devices: once it listens, ``wav`` is played into its
+    microphone (and, with ``record``, its speaker is recorded to that path meanwhile).  Returns the finished process
+    (stdout, stderr as text) and what it said on stderr before it listened."""
+    import sys
+
+    env = {**pulse.env, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "mic", "--seconds", "14", "--json", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rec = None
+    try:
+        seen = wait_listening(proc)  # (the engines load first)
+        if record is not None:
+            rec = pulse.record(record)
+        time.sleep(0.5)
+        pulse.play(wav).wait(timeout=30)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if rec is not None:
+            rec.terminate()
+            rec.wait(timeout=10)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), seen

@@ -41,6 +41,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from samples.make_samples import pink_noise, resample, rms, synth_espeak, trim  # noqa: E402
+from samples.make_turntaking import pause_lengths, slug  # noqa: E402
 
 RATE = 16000
 
@@ -180,20 +181,9 @@ class Item:
         return f"espeak-{self.espeak_voice}-{self.wpm}"
 
 
-def slug(text: str, words: int = 4) -> str:
-    clean = "".join(c if c.isalnum() else " " for c in text.lower()).split()
-    return "_".join(clean[:words])
-
-
-def pause_lengths(n: int) -> list[int]:
-    """n pause lengths spread evenly over 500-800 ms (both ends included), in a seeded order."""
-    lengths = np.round(np.linspace(500, 800, n) / 10).astype(int) * 10
-    return [int(x) for x in np.random.default_rng(28).permutation(lengths)]
-
-
 def turntaking_items() -> list[Item]:
     out = []
-    pauses = pause_lengths(len(PAUSED))
+    pauses = pause_lengths(len(PAUSED), 500, 800, seed=28)
     for i, (a, b) in enumerate(PAUSED):
         voice, wpm = VOICES[i % len(VOICES)]
         cond, level = CONDITIONS[i % len(CONDITIONS)]

@@ -7,13 +7,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-import pytest
-from kinds import ENGINES, kind
-from pulse import PulseServer, wait_listening
+from pulse import mic_session
 
 from voice.audio import read_wav
 from voice.replay import SAMPLES, manifest
@@ -21,34 +18,12 @@ from voice.replay import SAMPLES, manifest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-@kind(ENGINES)
-def pulse():
-    server = PulseServer()
-    yield server
-    server.close()
-
-
 def test_mic_demo_hears_and_answers(pulse, tmp_path):
     m = manifest()
     wav = SAMPLES / "morning_01_open_tomorrow.wav"
     out_wav = tmp_path / "speaker.wav"
-    env = {**pulse.env, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "mic", "--seconds", "14", "--json"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    rec = None
-    try:
-        wait_listening(proc)  # (the engines load first)
-        rec = pulse.record(out_wav)
-        time.sleep(0.5)
-        pulse.play(wav).wait(timeout=30)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        if rec is not None:
-            rec.terminate()
-            rec.wait(timeout=10)
+    proc, _ = mic_session(pulse, wav, record=out_wav, cwd=ROOT)
+    stdout, stderr = proc.stdout, proc.stderr
     assert proc.returncode == 0, stderr
     lines = [json.loads(x) for x in stdout.splitlines() if x.strip()]
     turns = [x for x in lines if "turn" in x]

@@ -9,14 +9,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
-from kinds import ENGINES, kind
-from pulse import PulseServer, wait_listening
+from pulse import mic_session
 
 from voice.replay import SAMPLES, manifest
 
@@ -54,14 +52,6 @@ def test_no_device_is_one_line_before_anything_loads(tmp_path, args):
     assert listing.returncode == 0 and listing.stdout.startswith("no sound devices"), listing
 
 
-@pytest.fixture(scope="module")
-@kind(ENGINES)
-def pulse():
-    server = PulseServer()
-    yield server
-    server.close()
-
-
 def test_devices_listed_and_a_wrong_name_answered_with_the_real_ones(pulse):
     listing = _wafervox("mic", "--list-devices", env=pulse.env)
     assert listing.returncode == 0, listing.stderr
@@ -78,18 +68,9 @@ def test_mic_on_a_named_device_records_the_session(pulse, tmp_path):
     wav = SAMPLES / "visit_01_address.wav"
     info = manifest()["turns"][wav.name]
     out = tmp_path / "rec"
-    env = {**pulse.env, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "mic", "--device", "pulse", "--seconds", "14", "--json",
-                             "--record", str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        seen = wait_listening(proc)  # (the engines load first)
-        assert "echo cancellation on" in seen
-        time.sleep(0.5)
-        pulse.play(wav).wait(timeout=30)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc, seen = mic_session(pulse, wav, "--device", "pulse", "--record", str(out), cwd=ROOT)
+    stdout, stderr = proc.stdout, proc.stderr
+    assert "echo cancellation on" in seen
     assert proc.returncode == 0, stderr
     turns = [json.loads(x) for x in stdout.splitlines() if x.strip() and "turn" in json.loads(x)]
     assert turns and "harbor" in turns[0]["reply"].lower(), stdout
