@@ -299,9 +299,17 @@ class Persona:
         return f"{self.system} {self.name}"
 
     def opening(self) -> list[dict]:
+        """The system text and the example exchanges; a grounded persona's example is shown as a turn is: the
+        question, its "Fact:" message (the fact its answer states, or "none." for a declined one: not what the
+        retrieval would find, which may be another fact than the answer's and would teach the model to answer past
+        its fact), then the answer."""
         msgs = [{"role": "system", "content": self.system}]
         for q, a in self.examples:
-            msgs += self.turn(q)[0] + [{"role": "assistant", "content": a}]
+            msgs.append({"role": "user", "content": q})
+            if self.grounded:
+                declined = a.startswith((DECLINE, "I'm afraid I don't know about"))
+                msgs.append({"role": "system", "content": "Fact: none." if declined else f"Fact: {a}"})
+            msgs.append({"role": "assistant", "content": a})
         return msgs
 
 

@@ -211,8 +211,9 @@ def test_the_bench_meets_its_bars(generator):
     assert a["off_topic_pass"] >= 0.9, bad
     assert a["parroting"] == 0, bad
     # no answer copies the one before it in its conversation (what a small model does when it sees its last answer);
-    # a reply said again for another question is otherwise a fact missed, counted above (the summary's repeat groups)
+    # a reply said again for another question is otherwise a fact missed, counted above (the summary's repeat groups),
+    # and the decline is one set sentence, said without the model
     copied = [(r.question, r.reply) for prev, r in zip(rows, rows[1:])
               if (prev.persona, prev.conversation) == (r.persona, r.conversation) and r.reply == prev.reply
-              and not (r.ok and prev.ok)]
+              and not (r.ok and prev.ok) and not r.reply.startswith(DECLINE)]
     assert not copied, copied
