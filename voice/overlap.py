@@ -311,10 +311,11 @@ class OverlapPolicy:
     def _overlap_interrupts(self, ov: Overlap, now: float) -> None:
         """A real interruption: the answer ends as a barge-in, heard up to the pause; the overlap is the user's turn."""
         self._overlap = None
+        icfg = self.cfg.interruption
+        stopped = ov.paused_at if icfg.mode is Mode.PAUSE and icfg.hold_output else now  # (ducked or sent: it sounded on)
         self._emit(UserSpeechStarted(first_voiced_sample=ov.first_voiced, barge_in=True))
-        self._barge_in_record(ov.first_voiced, ov.detected, ov.paused_at if self.cfg.interruption.hold_output else now)
-        self._interrupt(now if self.cfg.interruption.mode is Mode.DUCK or not self.cfg.interruption.hold_output
-                        else ov.paused_at, "turn_detected")
+        self._barge_in_record(ov.first_voiced, ov.detected, stopped)
+        self._interrupt(stopped, "turn_detected")
         self._new_trace(ov.first_voiced)
         self._trace.mark("speech_start", self.audio_time(ov.first_voiced), overwrite=True)
         self.turns.fire(TurnEvent.SPEECH_STARTED)

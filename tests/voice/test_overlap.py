@@ -173,6 +173,14 @@ def test_ducked_the_voice_goes_on_quieter_and_then_at_full_level_from_where_it_h
     assert s.loop.reports[-1].reply == ANSWER and s.loop.reports[-1].stamps["done"] == _approx(3.15)
 
 
+def test_ducked_an_interruption_stops_the_voice_when_it_is_decided():
+    s = _scene("Stop.", "Stop.", config=LoopConfig(interruption=InterruptionConfig(mode="duck")))
+    for ev in (OVER, QUIET, DONE):
+        s.at(ev.sample, ev)
+    s.loop.finish()
+    assert s.loop.barge_ins[0].stopped_s == _approx(2.95) and s.loop.reports[0].stamps["done"] == _approx(2.95)
+
+
 def test_immediate_mode_and_barge_in_off_are_unchanged():
     s = _scene("Uh-huh.", config=LoopConfig(interruption=InterruptionConfig(mode="immediate")))
     s.at(OVER.sample, OVER)
