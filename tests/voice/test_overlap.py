@@ -181,6 +181,19 @@ def test_ducked_an_interruption_stops_the_voice_when_it_is_decided():
     assert s.loop.barge_ins[0].stopped_s == _approx(2.95) and s.loop.reports[0].stamps["done"] == _approx(2.95)
 
 
+def test_the_same_words_as_a_whole_turn_after_the_answer_are_answered():
+    s = _scene("Uh-huh.")
+    s.llm.replies = {**REPLIES, "Uh-huh.": "Anything else?"}
+    s.silence_until(56000)  # 3.5 s: the answer played out (3.15 s)
+    start = SpeechStarted(sample=56000, first_voiced_sample=54400)
+    span = dict(first_voiced_sample=54400, last_voiced_sample=60000, start_pad=51200, end_pad=62000)
+    for ev in (start, Pause(sample=62000, **span), SpeechStopped(sample=68000, **span)):
+        s.at(ev.sample, ev)
+    s.loop.finish()
+    assert not any(isinstance(e, OutputPaused) for e in s.events) and s.loop.barge_ins == []
+    assert [(r.transcript, r.reply) for r in s.loop.reports] == [(QUESTION, ANSWER), ("Uh-huh.", "Anything else?")]
+
+
 def test_immediate_mode_and_barge_in_off_are_unchanged():
     s = _scene("Uh-huh.", config=LoopConfig(interruption=InterruptionConfig(mode="immediate")))
     s.at(OVER.sample, OVER)
