@@ -453,11 +453,15 @@ class LLMConversation:
             context = opening + context[len(opening) + 2:]
 
     def guard(self, persona: Persona, user_text: str | None, facts: str = "") -> ReplyGuard:
-        """The reply's guard (``voice.guard``): it may state what ``persona``'s text and the conversation (every turn as
-        heard, and ``user_text``) contain; on anything else it says what the fact shown says, or that it does not
-        know."""
+        """The reply's guard (``voice.guard``): names and words may be any that ``persona``'s text or the conversation
+        (every turn as heard, and ``user_text``) contain; numbers only those of the conversation and of the ``facts``
+        shown with the question (a grounded persona's; a plain one's whole text), so that a figure of the persona's is
+        not said of another thing ("one lesson costs $500": $500 is the ten-lesson package's).  On anything else it
+        says what the facts shown say, or that it does not know."""
         said = " ".join(str(m["content"]) for m in self.history[len(self._opening):])
         known = knowledge(persona.knowledge_text(), said, user_text or "")
+        if persona.grounded:
+            known.numbers = knowledge(facts, said, user_text or "").numbers
         if facts:
             fallback = f"Sorry, I'm not sure of that. What I can tell you: {facts}"
         else:

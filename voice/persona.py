@@ -43,7 +43,7 @@ _NO_SUBJECT = re.compile(r"^(?:is|are|was|were|has|have|costs?|runs?|opens?|clos
 #: A capital letter after these is a unit's or a room's letter ("Unit B."), not an initial: its dot may end a sentence.
 _LETTERED = frozenset("unit suite building room gate door floor level hall block lot wing section plan grade type".split())
 _KEY_VALUE = re.compile(r"^[-*\u2022]?\s*([A-Za-z][\w '&/-]{0,40}?)\s*:\s*(\S.*?)\.?$")
-_NAME = re.compile(r"\b(?:of|for|at|from|called|named)\s+(?:the\s+)?((?:[A-Z][\w'&-]*)(?:\s+(?:[A-Z][\w'&-]*|&))*)")
+_NAME = re.compile(r"\b(?:of|for|at|from|called|named)\s+(?:the\s+)?((?:[A-Z][\w'&-]*)(?:\s+(?:[A-Z][\w'&-]*|&|(?:and|of)(?=\s+[A-Z])))*)")
 _FIRST_PERSON = ((r"\byou are\b", "I am"), (r"\byou're\b", "I'm"), (r"\byour\b", "my"), (r"\byou\b", "I"))
 
 

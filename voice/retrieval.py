@@ -24,19 +24,20 @@ import numpy as np
 
 #: Whether any fact answers a question (else it is off-topic, and declined): the best fact's similarity reaches
 #: ``SURE_SCORE``, or reaches ``MIN_SCORE`` and the fact is of the kind of answer asked for (``ANSWER_TYPES``) or shares
-#: a word with the question (``content_words``).  Chosen on the own and dev sets (bench/retrieval.py --verbose prints
-#: the questions near them): 90 of 92 fact questions kept, 18 of 18 off-topic ones declined, where one threshold at
-#: best kept 88 and declined 16 ("What is the capital of France?" reaches 0.23 to "The croissant costs 2 dollars.",
-#: "Where are you?" 0.19 to "The shop is at 5 Mill Road.").
-SURE_SCORE = 0.25
+#: a word with the question (``content_words``).  Chosen first on the own and dev sets (90 of 92 fact questions kept,
+#: 18 of 18 off-topic ones declined, where one threshold at best kept 88 and declined 16: "What is the capital of
+#: France?" reaches 0.23 to "The croissant costs 2 dollars.", "Where are you?" 0.19 to "The shop is at 5 Mill Road."),
+#: then with ``SUBJECT_WEIGHT`` on every set but heldout4 (bench/personas/README.md: 216 fact and 44 off-topic
+#: questions; facts found right 172 -> 175, off-topic declined 39 -> 41).
+SURE_SCORE = 0.3
 MIN_SCORE = 0.15
 #: Words that say nothing of a question's topic (for ``content_words``).
 _FUNCTION_WORDS = frozenset("a an the and or but of to in on at for from by with about as is are was were be been am do does "
                             "did have has had can could would will shall should may might must you your yours we our us i me "
                             "my it its this that these those there here what which who whom whose how when where why much "
                             "many any some please tell know like get got just so ok okay hi hello yes no not".split())
-#: The weight of what a fact is about beside its whole sentence (``FactIndex``).
-SUBJECT_WEIGHT = 2.0
+#: The weight of what a fact is about beside its whole sentence (``FactIndex``; chosen on every set but heldout4).
+SUBJECT_WEIGHT = 1.0
 #: A follow-up that leans on the previous question is ranked as itself plus this much of itself with the previous
 #: question before it ("And a single class?" after "How much is a month?").
 LEAN_WEIGHT = 0.5
@@ -83,21 +84,6 @@ def content_words(text: str) -> set[str]:
                 break
         out.add(w)
     return out
-
-
-def fact_parts(fact: str) -> list[str]:
-    """The parts of a fact that says several things, cut at commas, semicolons and "and"/"with"/"but" (parts of two
-    words or more; none for a fact of one part), each after the fact's subject when it has none of its own ("Breakfast
-    is served from 6:30 to 10 and is included with every stay" -> "Breakfast: is included with every stay").  Measured
-    on the own and dev sets (facts retrieved right): 0.95 and 0.83 without parts, 0.95 and 0.90 with bare parts, 0.97 and
-    0.90 with their subject."""
-    from .persona import subject
-
-    parts = [p.strip(" .") for p in re.split(r",\s+|;\s+|\s+(?:and|with|but)\s+", fact) if len(p.split()) >= 2]
-    if len(parts) < 2:
-        return []
-    subj = subject("", fact.rstrip("."))
-    return [parts[0]] + [p if subj == fact.rstrip(".") or p.startswith(subj) else f"{subj}: {p}" for p in parts[1:]]
 
 
 def question_types(question: str) -> set[str]:
@@ -195,32 +181,26 @@ class FactIndex:
     the business's ``name``; a question's similarity to a fact is ``(sentence + SUBJECT_WEIGHT * subject) / (1 +
     SUBJECT_WEIGHT)``.  The subject keeps a sentence's other words from pulling a question its way, and the name
     makes the business part of every fact alike ("Who runs the bakery?" is about the bakery's owner, not about a loaf
-    a bakery sells): measured on the own and dev sets (bench/retrieval.py), top-1 0.79 -> 0.94 and 0.80 -> 0.83."""
+    a bakery sells): top-1 on the own and dev sets 0.79 -> 0.94 and 0.80 -> 0.83 with the subject at twice the sentence's
+    weight; on the 216 fact questions of every set but heldout4, the subject at the sentence's weight found 175 right,
+    at twice 172, without the name 163 or fewer; embedding a long fact's parts too (tried) made no difference there."""
 
     def __init__(self, texts: tuple[str, ...], subjects: tuple[str, ...] | None = None, name: str = "", model=None) -> None:
         self.texts = texts
         self.model = model or embedder()
         head = f"{name}: " if name else ""
         self.vectors = self.model.embed([head + t for t in texts])
-        # the parts of a fact that says several things ("The office is at 56 Willow Lane, suite 200, with free parking
-        # in the lot out back"): a question about one part is as near as it is to that part
-        parts = [(i, part) for i, t in enumerate(texts) for part in fact_parts(t)]
-        self.part_owner = np.array([i for i, _ in parts], dtype=np.int64)
-        self.part_vectors = self.model.embed([head + part for _, part in parts])
         self.types = [fact_types(t) for t in texts]
         self.words = [content_words(f"{t} {name}") for t in texts]
         self.type_bonus = TYPE_BONUS
         self.subject_vectors = self.model.embed([f"{name} {s[:1].lower()}{s[1:]}".strip() for s in subjects]) if subjects else None
 
     def scores(self, text: str) -> np.ndarray:
-        """Each fact's similarity to ``text``: to its sentence and its subject (``SUBJECT_WEIGHT``), or to one of its
-        parts (``fact_parts``) when that is nearer."""
+        """Each fact's similarity to ``text``: to its sentence and its subject (``SUBJECT_WEIGHT``)."""
         q = self.model.embed_one(text)
         s = self.vectors @ q
         if self.subject_vectors is not None:
             s = (s + SUBJECT_WEIGHT * (self.subject_vectors @ q)) / (1 + SUBJECT_WEIGHT)
-        if len(self.part_owner):
-            np.maximum.at(s, self.part_owner, self.part_vectors @ q)
         return s
 
     def bonus(self, question: str) -> np.ndarray:

@@ -217,3 +217,14 @@ def test_the_bench_meets_its_bars(generator):
               if (prev.persona, prev.conversation) == (r.persona, r.conversation) and r.reply == prev.reply
               and not (r.ok and prev.ok) and not r.reply.startswith(DECLINE)]
     assert not copied, copied
+
+
+def test_the_guard_takes_numbers_from_the_facts_shown(generator):
+    """A figure of the persona's said of another thing is stopped too: one lesson is not the package's $500."""
+    text = "You answer the phone for Green Light Driving School. Single lessons cost $55. A package of ten lessons is $500."
+    llm = LLMConversation(generator, persona=Persona.from_instructions(text))
+    guard = llm.guard(llm.persona, "What does one lesson cost?", "The single lessons cost $55.")
+    out = guard.feed("The single lessons cost $500. ") + guard.finish()
+    assert "500" not in out and guard.stopped == "claim: 500" and out.endswith("What I can tell you: The single lessons cost $55.")
+    guard = llm.guard(llm.persona, "What does one lesson cost?", "The single lessons cost $55.")
+    assert guard.feed("Green Light Driving School charges $55. ") + guard.finish() == "Green Light Driving School charges $55. "

@@ -73,6 +73,7 @@ def test_split_key_value_lines_and_prose_together():
 def test_business_name_after_the():
     assert business_name("You are Ava, the front desk agent for the Harborview Inn in Portland.") == "Harborview Inn"
     assert business_name("This is the voice assistant for Gearhead Cycles, a bike shop.") == "Gearhead Cycles"
+    assert business_name("You are the phone assistant at Crumb and Co, a bakery.") == "Crumb and Co"
     assert business_name("Answer in French.") == ""
 
 
