@@ -228,3 +228,28 @@ def test_the_guard_takes_numbers_from_the_facts_shown(generator):
     assert "500" not in out and guard.stopped == "claim: 500" and out.endswith("What I can tell you: The single lessons cost $55.")
     guard = llm.guard(llm.persona, "What does one lesson cost?", "The single lessons cost $55.")
     assert guard.feed("Green Light Driving School charges $55. ") + guard.finish() == "Green Light Driving School charges $55. "
+
+
+def test_held_apart_prose_personas(generator):
+    """The clean held-apart set (bench/personas/heldout4, run once before this test was written): nothing invented on
+    any reply; facts and declines held at what was measured (0.64 and 4/5, BENCHMARKS.md) so that they do not fall
+    back to the word table's 0.43 unnoticed. The issue's bar for facts (0.90) is not met: these are floors, not bars."""
+    rows, summary = bench().run(generator=generator, set_name="heldout4")
+    a = summary["all"]
+    assert a["invented"] == 0, [(r.question, r.reply, r.invented) for r in rows if r.invented]
+    assert a["fact_accuracy"] >= 0.6 and a["off_topic_pass"] >= 0.8, [(r.question, r.reply) for r in rows if not r.ok]
+
+
+def test_every_persona_set_is_well_formed():
+    b = bench()
+    for name in b.SET_NOTES:
+        specs = b.load_set(name)
+        questions = [q for s in specs.values() for c in s.conversations + s.held_out for q in c]
+        assert len(specs) >= 3 and sum(q.off_topic for q in questions) >= 2, name
+        assert all(q.off_topic or q.expect for q in questions), name
+    held = [q.text for n in b.SET_NOTES if n.startswith("heldout") for s in b.load_set(n).values()
+            for c in s.conversations for q in c]
+    tuned = {q.text for n in ("own", "dev") for s in b.load_set(n).values() for c in s.conversations + s.held_out for q in c}
+    titles = {n: {s.title for s in b.load_set(n).values()} for n in b.SET_NOTES}
+    assert len(held) >= 150 and len(tuned & set(held)) <= len(held) // 20  # a few stock questions ("Where are you located?")
+    assert not (titles["own"] | titles["dev"]) & set().union(*(t for n, t in titles.items() if n.startswith("heldout")))
