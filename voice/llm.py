@@ -104,6 +104,39 @@ def decline(name: str) -> str:
     return f"{DECLINE}, but I'm happy to answer questions about {name or 'us'}."
 
 
+#: A social turn (thanks, a greeting, a goodbye, a bare yes or okay) is no question for the facts: it gets its set
+#: reply, said as it is like a decline (before, "Thank you." was declined: "Sorry, I can't help with that").
+_SOCIAL = {
+    "thanks": ({"thank", "thanks", "cheers", "appreciate", "appreciated"}, "You're welcome!"),
+    "bye": ({"bye", "goodbye", "farewell", "later"}, "Goodbye, have a nice day!"),
+    "hello": ({"hi", "hello", "hey", "morning", "afternoon", "evening"}, "Hello! How can I help?"),
+    "ack": ({"yes", "yeah", "yep", "ok", "okay", "sure", "great", "perfect", "cool", "alright", "fine", "no", "nope",
+             "nothing", "that's"}, "Okay. Anything else I can help with?"),
+}
+#: words a social turn may also hold ("thank you so much", "that's all, bye", "good morning")
+_SOCIAL_FILLER = {"you", "so", "much", "very", "a", "lot", "all", "it", "that", "is", "oh", "um", "uh", "and", "well", "good",
+                  "please", "for", "your", "help", "then", "have", "nice", "day", "great", "see", "later", "there", "else",
+                  "thats", "i", "think", "just", "wanted", "to", "say", "again"}
+SOCIAL_REPLIES = frozenset(reply for _, reply in _SOCIAL.values())
+
+
+def social_reply(user_text: str) -> str | None:
+    """The set reply to a social turn ("Thanks!", "Hi there", "Okay, bye"), None for any other: one whose words are all
+    social words or fillers and that is no question."""
+    if "?" in user_text:
+        return None
+    words = re.findall(r"[a-z']+", user_text.lower())
+    if not words or any(w not in _SOCIAL_FILLER and not any(w in ws for ws, _ in _SOCIAL.values()) for w in words):
+        return None
+    if "no" in words or "nope" in words:  # "no thanks": nothing more wanted
+        return _SOCIAL["ack"][1] if not any(w in _SOCIAL["bye"][0] for w in words) else _SOCIAL["bye"][1]
+    for key in ("bye", "thanks", "hello", "ack"):  # (a goodbye with thanks is a goodbye)
+        words_of, reply = _SOCIAL[key]
+        if any(w in words_of for w in words):
+            return reply
+    return None
+
+
 def _example_decline(topic: str, name: str) -> str:
     """An example exchange's decline: worded as before issue 28, "I'm afraid I don't know about the weather, but ...";
     examples that declined with "Sorry, I can't ..." made the model deny facts it was given ("The delivery is not
@@ -278,12 +311,15 @@ class Persona:
         """The messages of one user turn and the text the answer starts with: for a grounded persona the user's
         message, then a "Fact:" message with the facts that answer it (ranked by meaning, with the ``previous``
         question for a follow-up that leans on it: ``relevant_facts``); when none does, "Fact: none." and the whole
-        answer is the decline (``decline``), which is said without asking the model."""
+        answer is the decline (``decline``), which is said without asking the model; a social turn's is its set reply
+        (``social_reply``), said so too."""
         if user_text is None:  # the conversation going on, no new question
             return [], ""
         msgs = [{"role": "user", "content": user_text}]
         if not self.grounded:
             return msgs, ""
+        if (said := social_reply(user_text)) is not None:  # thanks, hello, bye, okay: its set reply
+            return msgs + [{"role": "system", "content": "Fact: none."}], said
         chosen = relevant_facts(self.facts, user_text, previous, name=self.name)
         if not chosen:
             return msgs + [{"role": "system", "content": "Fact: none."}], self.decline
@@ -485,7 +521,7 @@ class LLMConversation:
         cached = min(common_prefix(self.generator.cached, ids), len(ids) - 1)
         out = 0
         try:
-            if persona.grounded and start == persona.decline:
+            if persona.grounded and (start == persona.decline or start in SOCIAL_REPLIES):
                 yield start
                 return
             guard = self.guard(persona, user_text, facts)
