@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -405,9 +406,17 @@ def test_simulated_turn_block_follows_the_loop_policy():
     assert simulated_turn("x", 2e-4, {"last_voiced": 1.0}, {"first_phrase": 0.002}, 500) is None
 
 
+#: a persona of a system prompt alone: the model says every word of the answer (a grounded persona's answer starts
+#: with its fact's own words, or is a set decline, before the model runs: no LLM time on its first phrase)
+PLAIN_PERSONA = {"system": "You are the assistant of Bright Bakery at 12 Harbor Street. Answer in one short sentence.",
+                 "examples": [["Where are you?", "We are at 12 Harbor Street."]]}
+
+
 def _run_json(*args):
     wav = str(ROOT / "samples" / "morning_02_located.wav")
-    out = wafervox("run", "--fast", "--json", *args, wav, timeout=600)
+    persona = Path(tempfile.mkdtemp()) / "plain.json"
+    persona.write_text(json.dumps(PLAIN_PERSONA))
+    out = wafervox("run", "--fast", "--json", "--persona", str(persona), *args, wav, timeout=600)
     assert out.returncode == 0, out.stderr
     lines = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
     return lines[:-1], lines[-1]["summary"]
