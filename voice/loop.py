@@ -235,9 +235,9 @@ class VoiceLoop(Speculation, ReplyPump, OverlapPolicy):
     def _restart_vad(self, ecfg: EndpointerConfig | None = None) -> None:
         self.vad = Endpointer(ecfg or self.cfg.endpointer)
         self._vad_offset = self.input.end_sample
-        self._ignoring = self._judged = False
         if self._overlap is not None:  # the speech over the answer is gone with the input: the answer goes on
             self._overlap_resumes(self._overlap, Verdict.NOISE, self.clock.now())
+        self._ignoring = self._judged = False
         self._drop_spec()
         if self._task is None:
             self._trace = None

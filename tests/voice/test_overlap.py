@@ -194,6 +194,16 @@ def test_the_same_words_as_a_whole_turn_after_the_answer_are_answered():
     assert [(r.transcript, r.reply) for r in s.loop.reports] == [(QUESTION, ANSWER), ("Uh-huh.", "Anything else?")]
 
 
+def test_input_cleared_while_judged_resumes_the_answer_and_the_next_speech_is_heard():
+    s = _scene("Stop.", "Stop.")
+    s.at(OVER.sample, OVER)
+    s.loop.clear_input()  # (input_audio_buffer.clear): the speech over it is gone
+    assert [e.kind for e in s.events if isinstance(e, OutputResumed)] == ["noise"]
+    s.silence_until(46400)  # 2.9 s: a new utterance over the answer, seen by the restarted endpointer
+    s.loop.on_vad(SpeechStarted(sample=46400, first_voiced_sample=45000))
+    assert [type(e).__name__ for e in s.events][-1] == "OutputPaused"
+
+
 def test_immediate_mode_and_barge_in_off_are_unchanged():
     s = _scene("Uh-huh.", config=LoopConfig(interruption=InterruptionConfig(mode="immediate")))
     s.at(OVER.sample, OVER)
