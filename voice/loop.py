@@ -287,7 +287,8 @@ class VoiceLoop(Speculation, ReplyPump, OverlapPolicy):
         """Stop the answer in progress (``response.cancel``), keeping what was heard."""
         if self._task is None or self._task.finished and not self.speaking:
             return False
-        self._interrupt(self.clock.now(), reason)
+        if not self._overlap_cancels(reason):  # (speech over the answer being judged: it is the next turn)
+            self._interrupt(self.clock.now(), reason)
         return True
 
     def amend_reply(self, spoken: str) -> None:

@@ -308,14 +308,23 @@ class OverlapPolicy:
                 self._play(r, index, pcm)
         self._emit(OutputResumed(at_s=now, kind=verdict.value, text=ov.text or ""))
 
-    def _overlap_interrupts(self, ov: Overlap, now: float) -> None:
+    def _overlap_cancels(self, reason: str) -> bool:
+        """The answer is cancelled (``cancel``) while speech over it is judged: it ends as an interruption would, for
+        ``reason``, and the speech is the user's next turn (True); False: no overlap."""
+        if self._overlap is None:
+            return False
+        self._overlap_interrupts(self._overlap, self.clock.now(), reason)
+        return True
+
+    def _overlap_interrupts(self, ov: Overlap, now: float, reason: str = "turn_detected") -> None:
         """A real interruption: the answer ends as a barge-in, heard up to the pause; the overlap is the user's turn."""
         self._overlap = None
         icfg = self.cfg.interruption
         stopped = ov.paused_at if icfg.mode is Mode.PAUSE and icfg.hold_output else now  # (ducked or sent: it sounded on)
-        self._emit(UserSpeechStarted(first_voiced_sample=ov.first_voiced, barge_in=True))
-        self._barge_in_record(ov.first_voiced, ov.detected, stopped)
-        self._interrupt(stopped, "turn_detected")
+        self._emit(UserSpeechStarted(first_voiced_sample=ov.first_voiced, barge_in=reason == "turn_detected"))
+        if reason == "turn_detected":
+            self._barge_in_record(ov.first_voiced, ov.detected, stopped)
+        self._interrupt(stopped, reason)
         self._new_trace(ov.first_voiced)
         self._trace.mark("speech_start", self.audio_time(ov.first_voiced), overwrite=True)
         self.turns.fire(TurnEvent.SPEECH_STARTED)

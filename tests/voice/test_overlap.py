@@ -204,6 +204,18 @@ def test_input_cleared_while_judged_resumes_the_answer_and_the_next_speech_is_he
     assert [type(e).__name__ for e in s.events][-1] == "OutputPaused"
 
 
+def test_a_cancel_while_judged_ends_the_answer_and_the_speech_is_the_next_turn():
+    s = _scene("Stop.", "Stop.")
+    s.at(OVER.sample, OVER)
+    assert s.loop.cancel()
+    cut = [e for e in s.events if isinstance(e, TurnEnded)][-1]
+    assert (cut.spoken, cut.reason) == ("Sure. We open", "client_cancelled") and s.loop.barge_ins == []
+    for ev in (QUIET, DONE):
+        s.at(ev.sample, ev)
+    s.loop.finish()
+    assert [r.transcript for r in s.loop.reports] == [QUESTION, "Stop."]
+
+
 def test_immediate_mode_and_barge_in_off_are_unchanged():
     s = _scene("Uh-huh.", config=LoopConfig(interruption=InterruptionConfig(mode="immediate")))
     s.at(OVER.sample, OVER)
