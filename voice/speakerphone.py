@@ -135,13 +135,13 @@ def run_scene(engines, says: list[Say], *, aec: bool = True, delay_s: float = 0.
     pos = 0
     answer_from = None  # when the agent's answer to the last utterance began playing
     quiet_since = 0.0
-    last_said_end = 0.0
+    last_said_start = 0.0  # (the answer to it is what plays after it began: it may come in the recording's silent tail)
     while k < max_s * ASR_RATE:
         t = k / ASR_RATE
         run_until(loop, t + n / ASR_RATE)
         if current is None and pending:
             nxt = pending[0]
-            starts = [a for a, _ in room.plays if a >= last_said_end]
+            starts = [a for a, _ in room.plays if a >= last_said_start]
             answer_from = min(starts) if starts else None
             idle = (not loop.answering and loop.turns.state is TurnState.LISTENING and loop.vad.state is VadState.SILENCE
                     and room.played.end_s <= t)
@@ -153,7 +153,7 @@ def run_scene(engines, says: list[Say], *, aec: bool = True, delay_s: float = 0.
                 go = idle and t - quiet_since >= nxt.gap_s
             if go:
                 current, pos = pending.pop(0), 0
-                current.started_s = t
+                current.started_s = last_said_start = t
         elif current is None and not pending:
             if (not loop.answering and loop.turns.state is TurnState.LISTENING and loop.vad.state is VadState.SILENCE
                     and room.played.end_s <= t - 0.5):
@@ -164,7 +164,6 @@ def run_scene(engines, says: list[Say], *, aec: bool = True, delay_s: float = 0.
             user[:len(part)] = part
             pos += n
             if pos >= len(current.pcm):
-                last_said_end = t + n / ASR_RATE
                 current = None
         mic = user + room.echo(k, k + n) + noise * rng.standard_normal(n).astype(np.float32)
         pcm = to_pcm16(mic)

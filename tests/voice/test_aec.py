@@ -182,13 +182,13 @@ def test_a_real_interruption_still_stops_the_answer(engines):
             Say(pcm[cut:], barge_after_s=1.0, speech_start_s=0.3)]
     scene = run_scene(engines, says, aec=True, delay_s=0.09, level_db=-6.0)
     speech = says[1].started_s + says[1].speech_start_s
-    stops = [t for t in scene.room.clears if t >= speech - 0.05]
+    # the answer is silent from 300 ms after the interruption's start until the new question is over (its voice may have
+    # paused already: speech over the answer, a residue of its own echo, is judged while it goes on, voice.overlap)
+    stops = [t for t in scene.room.clears if t <= speech + 0.3]
     assert stops, "the answer was never stopped"
-    assert stops[0] - speech <= 0.3, stops[0] - speech
-    # and it stays stopped while the user speaks (no agent audio after the stop until the new question is over)
     end = says[1].started_s + (second["speech_end_s"] - second["speech_start_s"]) + 0.3
-    quiet = scene.room.played.read16(int((stops[0] + 0.05) * ASR_RATE), int(end * ASR_RATE))
-    assert not np.abs(quiet).max() > 1e-3
+    quiet = scene.room.played.read16(int((speech + 0.3) * ASR_RATE), int(end * ASR_RATE))
+    assert not np.abs(quiet).max() > 1e-3, "the answer still played 300 ms after the interruption's start"
     reports = scene.loop.reports
     assert reports[0].barge_in
     assert "owner" in reports[-1].transcript.lower(), [r.transcript for r in reports]
