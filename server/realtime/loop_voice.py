@@ -142,7 +142,8 @@ class LoopVoice:
             return [ProtocolError("input_audio_buffer_overflow", f"audio is arriving faster than real time: {ahead:.1f} s ahead "
                                   f"of the clock, over the {self.max_input_s:g} s limit; audio is dropped until the clock "
                                   "catches up", ev.event_id)]
-        self._ahead_reported = False
+        if ahead <= self.max_input_s / 2:  # the episode is over once the clock has well caught up (not at its edge,
+            self._ahead_reported = False  # where a client still sending too fast would get an error every other chunk)
         self._audio_s += len(ev.samples) / ev.rate
         samples, rate = ev.samples, ev.rate
         if rate == PHONE_RATE:  # the telephone band: to the endpointer's and Whisper's 16 kHz, the band above 4 kHz filled
