@@ -34,7 +34,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .audio import AudioChunk, Resampler, to_pcm16
+from .audio import AudioChunk, Resampler, TeeSink, to_pcm16
 from .protocols import ASR_RATE
 
 #: samples per block (10 ms at 16 kHz): a 20 ms microphone chunk is two blocks
@@ -432,24 +432,12 @@ class EchoCanceller:
         return out
 
 
-class EchoTee:
-    """A sink that plays into ``sink`` and into the canceller's ``reference`` (what is played is what is cancelled)."""
+class EchoTee(TeeSink):
+    """A sink that plays into ``sink`` and into the canceller's ``reference`` (what is played is what is cancelled);
+    ``start()``, ``close()`` and the like are the real sink's."""
 
     def __init__(self, sink, reference: EchoReference):
-        self.sink = sink
-        self.reference = reference
-        self.rate = sink.rate
-
-    def play(self, t: float, pcm: np.ndarray) -> None:
-        self.sink.play(t, pcm)
-        self.reference.play(t, pcm)
-
-    def clear_after(self, t: float) -> None:
-        self.sink.clear_after(t)
-        self.reference.clear_after(t)
-
-    def __getattr__(self, name):  # start(), close() and the like of the real sink
-        return getattr(self.sink, name)
+        super().__init__(sink, reference)
 
 
 class EchoCancellingInput:

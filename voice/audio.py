@@ -171,11 +171,16 @@ class BufferSink:
 
 
 class TeeSink:
-    """Plays into several sinks at once (e.g. a ``BufferSink`` for the record and a speaker)."""
+    """Plays into several sinks at once (e.g. a ``BufferSink`` for the record and a speaker); anything else it is asked
+    for (``rate``, a device's ``start()``, ``close()``, ``latency``) is the first sink's."""
 
     def __init__(self, *sinks):
         self.sinks = sinks
-        self.rate = sinks[0].rate
+
+    def __getattr__(self, name):
+        if name == "sinks":  # (not set yet: no recursion)
+            raise AttributeError(name)
+        return getattr(self.sinks[0], name)
 
     def play(self, t: float, pcm: np.ndarray) -> None:
         for s in self.sinks:

@@ -19,27 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .audio import BufferSink, resample, to_pcm16
+from .audio import BufferSink, TeeSink, resample, to_pcm16
 from .protocols import ASR_RATE
-
-
-class _RecordingSink:
-    """Plays into the loop's own sink and into the recording's agent track."""
-
-    def __init__(self, sink, track: BufferSink):
-        self.sink, self.track = sink, track
-        self.rate = getattr(sink, "rate", track.rate)
-
-    def play(self, t: float, pcm: np.ndarray) -> None:
-        self.sink.play(t, pcm)
-        self.track.play(t, np.asarray(pcm, np.int16).copy())
-
-    def clear_after(self, t: float) -> None:
-        self.sink.clear_after(t)
-        self.track.clear_after(t)
-
-    def __getattr__(self, name):  # start(), close() and the like of the real sink
-        return getattr(self.sink, name)
 
 
 class SessionRecording:
@@ -67,7 +48,7 @@ class SessionRecording:
     def attach(self, loop) -> None:
         """Follow ``loop`` from now on: its sink, its input and its events are wrapped (nothing else changes)."""
         self._loop = loop
-        loop.sink = _RecordingSink(loop.sink, self.agent)
+        loop.sink = TeeSink(loop.sink, self.agent)  # the loop's own sink, and the recording's agent track
         feed = loop.feed
 
         def recorded_feed(chunk) -> None:
