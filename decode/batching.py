@@ -34,6 +34,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from . import cpu
 from .qint import MAX_BATCH  # the most sequences one batched pass takes
 
 #: prompt tokens per job: about 25 ms of prefill on a 2-core machine (as fast per token as 32 or 256 at a time),
@@ -70,43 +71,64 @@ def deadline(t: float | None):
 
 
 class Cores:
-    """A lock on the machine's cores, granted by deadline: when it is released, the waiter whose work is due first
-    gets it (the calling thread's ``current_deadline()``; ties in order of arrival).  Used as ``threading.Lock``
-    is (``with cores:``); one holder at a time, not re-entrant."""
+    """The machine's cores as a lock of ``slots`` places, each granted by deadline: when a place frees, the waiter whose
+    work is due first gets it (the calling thread's ``current_deadline()``; ties in order of arrival).  A holder's
+    compute runs on one thread (``decode.cpu.holding(1)``: numba's team, CTranslate2's encoder, Piper's front), so
+    two holders on two cores run side by side instead of one team of two taking turns with the next: a team of two
+    gained ~20% on a decode step alone and lost 2x beside the server's other threads (its half waits for a core at
+    every layer).  ``slots`` None: as many as the cores this process may use and other programs leave free
+    (``decode.cpu.team()`` of the process, read at each grant).  Used as ``threading.Lock`` is (``with cores:``);
+    not re-entrant."""
 
-    def __init__(self):
+    def __init__(self, slots: int | None = None):
+        if slots is not None and slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.slots = slots
         self._cv = threading.Condition(threading.Lock())
-        self._held = False
+        self._holders = 0
         self._waiting: list = []  # heap of (deadline, arrival)
         self._arrival = itertools.count()
+        self._caps = threading.local()  # each holder's cap on its threads before it acquired
         #: grants that went to a later arrival with an earlier deadline (work that would have waited in a queue)
         self.overtaken = 0
+        #: the most holders at one time
+        self.most = 0
+
+    def _places(self) -> int:
+        return self.slots if self.slots is not None else cpu.process_share().team()
 
     def acquire(self, due: float | None = None) -> bool:
         entry = (current_deadline() if due is None else due, next(self._arrival))
         with self._cv:
-            if not self._held and not self._waiting:
-                self._held = True
-                return True
-            heapq.heappush(self._waiting, entry)
-            while self._held or self._waiting[0] is not entry:
-                self._cv.wait()
-            heapq.heappop(self._waiting)
-            if self._waiting and min(a for _, a in self._waiting) < entry[1]:
-                self.overtaken += 1
-            self._held = True
-            return True
+            if self._waiting or self._holders >= self._places():
+                heapq.heappush(self._waiting, entry)
+                while self._waiting[0] is not entry or self._holders >= self._places():
+                    self._cv.wait(0.05)  # (the places follow the free CPU: looked at again now and then)
+                heapq.heappop(self._waiting)
+                if self._waiting and min(a for _, a in self._waiting) < entry[1]:
+                    self.overtaken += 1
+                self._cv.notify_all()  # the next waiter may fit in a place still free
+            self._holders += 1
+            self.most = max(self.most, self._holders)
+        self._caps.hold = cpu.holding(1)
+        self._caps.hold.__enter__()
+        return True
 
     def release(self) -> None:
         with self._cv:
-            if not self._held:
+            if self._holders <= 0:
                 raise RuntimeError("Cores.release() without acquire()")
-            self._held = False
+            self._holders -= 1
             if self._waiting:
                 self._cv.notify_all()
+        hold = getattr(self._caps, "hold", None)
+        if hold is not None:
+            self._caps.hold = None
+            hold.__exit__(None, None, None)
 
     def locked(self) -> bool:
-        return self._held
+        """Some work holds a place."""
+        return self._holders > 0
 
     def __enter__(self):
         self.acquire()

@@ -10,7 +10,9 @@ ms against 87 (``bench/contention.py``).  So the team follows the CPU the rest o
   ``interval_s``; what others use is the difference, smoothed.  ``team()`` is the usable cores less those others keep
   busy (with hysteresis), never under one.
 - ``fit()``: called by each compute entry point (a forward pass, a Whisper step) on the thread that is about to run
-  numba kernels; sets that thread's team size (``numba.set_num_threads`` is per thread) to the share's ``team()``.
+  numba kernels; sets that thread's team size (``numba.set_num_threads`` is per thread) to ``team()``.
+- ``team()``: the share's team, or fewer where the calling thread holds fewer cores (``holding``: the server hands its
+  sessions' work one core each, ``decode.batching.Cores``); CTranslate2's encoder and Piper's front ask it too.
 
 The share is the process's (``process_share()``), started on first use; ``WAFERVOX_THREADS=N`` fixes the team at N.
 On a machine without ``/proc/stat`` (not Linux) the team is the usable cores.
@@ -167,11 +169,40 @@ def threads_from_env() -> int | None:
     return n
 
 
+_held = threading.local()
+
+
+def team() -> int:
+    """Threads for the calling thread's compute now: the process share's ``team()``, capped by the cores this thread
+    holds (``holding``)."""
+    cap = getattr(_held, "cores", None)
+    n = process_share().team()
+    return n if cap is None else max(1, min(n, cap))
+
+
+class holding:
+    """``with holding(n):`` the calling thread's compute runs on at most ``n`` threads (``team()``); None: no cap.
+    Nests (the inner cap holds until its block ends)."""
+
+    __slots__ = ("n", "_before")
+
+    def __init__(self, n: int | None):
+        self.n = n
+
+    def __enter__(self):
+        self._before = getattr(_held, "cores", None)
+        _held.cores = self.n
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _held.cores = self._before
+
+
 def fit() -> int:
-    """Size the calling thread's numba team to the process share's ``team()`` (within numba's pool); returns it."""
+    """Size the calling thread's numba team to ``team()`` (within numba's pool); returns it."""
     import numba
 
-    n = max(1, min(process_share().team(), numba.config.NUMBA_NUM_THREADS))
+    n = max(1, min(team(), numba.config.NUMBA_NUM_THREADS))
     if numba.get_num_threads() != n:
         numba.set_num_threads(n)
     return n

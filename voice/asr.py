@@ -388,9 +388,9 @@ class WhisperTranscriber:
         window = features[:, :frames]
         if window.shape[1] < frames:  # pad with zeros in feature space, as faster-whisper's pad_or_trim does
             window = np.pad(window, ((0, 0), (0, frames - window.shape[1])))
-        from decode.cpu import process_share
+        from decode import cpu
 
-        encoder = self.model.model if process_share().team() > 1 else self.encoder_alone
+        encoder = self.model.model if cpu.team() > 1 else self.encoder_alone
         encoded = encoder.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(window[None])))
         prompt = self._prompt  # [<|startofprev|>, vocabulary...] <|startoftranscript|> (...); timestamps on
         sot_at = prompt.index(self.tokenizer.sot)  # where Whisper reads the no-speech probability

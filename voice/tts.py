@@ -216,9 +216,9 @@ class PiperSynthesizer:
             scales[[0, 2]] = 0.0
         feeds = {"input": np.array([ids], dtype=np.int64), "input_lengths": np.array([len(ids)], dtype=np.int64),
                  "scales": scales}
-        from decode.cpu import process_share
+        from decode import cpu
 
-        front = self.front if process_share().team() > 1 else self.front_alone
+        front = self.front if cpu.team() > 1 else self.front_alone
         return front.run(None, feeds)[0]
 
     def _decode(self, latent: np.ndarray) -> np.ndarray:

@@ -213,7 +213,7 @@ def test_a_long_prompt_goes_in_slices_with_the_same_result_and_yields_to_other_w
 def test_the_cores_go_to_the_earliest_deadline_not_the_first_arrival():
     from decode.batching import Cores, deadline
 
-    cores = Cores()
+    cores = Cores(slots=1)
     order: list[float] = []
 
     def wait(due):
@@ -234,6 +234,39 @@ def test_the_cores_go_to_the_earliest_deadline_not_the_first_arrival():
     assert cores.overtaken == 2 and not cores.locked()
     with pytest.raises(RuntimeError, match="without acquire"):
         cores.release()
+
+
+def test_two_places_run_two_holders_at_once_each_on_one_thread_and_the_third_waits_by_deadline():
+    from decode import cpu
+    from decode.batching import Cores, deadline
+
+    cores = Cores(slots=2)
+    inside = threading.Barrier(2, timeout=10)  # two holders meet while both hold a place
+    teams: list[int] = []
+    order: list[str] = []
+
+    def hold(name, due):
+        with deadline(due), cores:
+            teams.append(cpu.team())
+            order.append(name)
+            if name in ("a", "b"):
+                inside.wait()
+
+    a, b = (threading.Thread(target=hold, args=(n, 1.0)) for n in ("a", "b"))
+    cores.acquire()  # a third holder: "a" takes the second place, "b" waits
+    a.start()
+    _until(lambda: order == ["a"], "the first holder got the free place")
+    late, soon = (threading.Thread(target=hold, args=(n, d)) for n, d in (("late", 9.0), ("b", 1.0)))
+    late.start()
+    _until(lambda: len(cores._waiting) == 1, "the late one queued")  # (no public count)
+    soon.start()
+    _until(lambda: len(cores._waiting) == 2, "b queued")
+    cores.release()  # b, due first, takes the place and meets a inside: two holders at once
+    for t in (a, soon, late):
+        t.join(10)
+    assert order == ["a", "b", "late"], order
+    assert cores.most == 2 and teams == [1, 1, 1] and not cores.locked()
+    assert cpu.team() == cpu.process_share().team()  # the cap went with the hold
 
 
 def test_the_compute_thread_serves_waiting_work_by_deadline():
