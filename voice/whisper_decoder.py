@@ -175,9 +175,11 @@ def cross_attend(q, bias, kv, heads, out, scores):
 
 def _step(kind: str):
     def step(pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache, cross, heads, scores,
-             logits, d):
+             logits, d, want_logits):
         """One decoder step on ``x (1, d)`` (its token and position embedded already) through every layer, then
-        the final norm and the logits, on the products of the path's ``qint`` kernel. ``W`` is the tuple of the
+        (``want_logits``) the final norm and the logits, on the products of the path's ``qint`` kernel: a prompt's
+        token whose logits nobody reads writes only its keys and values (the vocabulary's projection, ~2/3 of a
+        step on Whisper tiny, is skipped). ``W`` is the tuple of the
         stacked packed matrices (q|k|v, self out, cross q, cross out, fc1, fc2, projection), each ``(qtype, qs,
         d, m)``; ``norms (layers + 1, 3, 2, d)`` gamma and beta; ``biases`` their tuple of ``(layers, n)``."""
         empty = np.zeros((0, 0), np.float32)
@@ -208,9 +210,10 @@ def _step(kind: str):
             qmatvec(kind, t5, qs5[i], d5[i], m5[i], ffn, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, x, True)
             for j in range(d):
                 x[0, j] += b5[i, j]
-        last = qs0.shape[0]
-        layer_norm(x[0], norms[last, 0, 0], norms[last, 0, 1], h)
-        qmatvec(kind, t6, qs6[0], d6[0], m6[0], h, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, logits, False)
+        if want_logits:
+            last = qs0.shape[0]
+            layer_norm(x[0], norms[last, 0, 0], norms[last, 0, 1], h)
+            qmatvec(kind, t6, qs6[0], d6[0], m6[0], h, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, logits, False)
 
     return path_jit(step, kind)
 
@@ -397,8 +400,10 @@ class Decoder:
             cross_kv(enc, w.cross_w[i], w.cross_b[i], cross[i])
         self._cross = cross
 
-    def step(self, token: int, pos: int) -> np.ndarray:
-        """The logits ``(vocab,)`` after ``token`` at position ``pos`` (positions 0 .. pos-1 already stepped)."""
+    def step(self, token: int, pos: int, logits: bool = True) -> np.ndarray | None:
+        """The logits ``(vocab,)`` after ``token`` at position ``pos`` (positions 0 .. pos-1 already stepped);
+        ``logits`` False: only the token's keys and values are cached (a prompt's token nobody reads), None comes
+        back."""
         if not 0 <= pos < self.n_ctx:
             raise ValueError(f"position {pos} outside Whisper's {self.n_ctx}-token context")
         if self._cross.shape[3] == 0:
@@ -407,8 +412,8 @@ class Decoder:
         np.add(w.embeddings[token], w.positions[pos], out=self.x[0], dtype=np.float32)
         a = self.act
         self._step(pos, self.x, self.h, self.qkv, self.att, self.q, self.ffn, a.q, a.d, a.s, a.m, w.products, w.norms,
-                   w.biases, self.k_cache, self.v_cache, self._cross, self.heads, self.scores, self.logits, self.d)
-        return self.logits[0]
+                   w.biases, self.k_cache, self.v_cache, self._cross, self.heads, self.scores, self.logits, self.d, logits)
+        return self.logits[0] if logits else None
 
 
 @njit(**_JIT)
@@ -498,7 +503,7 @@ def greedy(dec: Decoder, prompt: list[int], max_new: int, *, eot: int, ts_begin:
     at = no_speech_at % len(prompt)
     no_speech_prob = 0.0
     for pos, tok in enumerate(prompt):
-        logits = dec.step(tok, pos)
+        logits = dec.step(tok, pos, logits=pos == at or pos == len(prompt) - 1)
         if pos == at:
             no_speech_prob = float(_softmax_at(logits, no_speech))
     assert logits is not None
