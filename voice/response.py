@@ -162,8 +162,12 @@ class Response:
         self.stamps.setdefault(name, t)
 
     def ready(self, now: float) -> bool:
-        """Work left that may be done now."""
-        return (self.phase is Phase.SPECULATING or self.phase is Phase.ANSWERING) and (self.due_s is None or now >= self.due_s)
+        """Work left that may be done now.  A speculative answer stops at its first audio until the endpoint adopts it:
+        that is all the endpoint plays at once, and the rest would be lost with it if the user goes on (its work is
+        the cores' that other sessions' turns wait for)."""
+        if self.phase is Phase.SPECULATING:
+            return not self.held and (self.due_s is None or now >= self.due_s)
+        return self.phase is Phase.ANSWERING and (self.due_s is None or now >= self.due_s)
 
 
 def has_words(text: str | None) -> bool:

@@ -33,6 +33,7 @@ def _scene(*overlap_texts, config: LoopConfig | None = None) -> Scene:
     s = Scene(config, texts=(QUESTION, *overlap_texts), replies=REPLIES)
     for ev in (STARTED, PAUSED, STOPPED):
         s.at(ev.sample, ev)
+    s.settle()  # the adopted answer's second phrase made
     return s
 
 
