@@ -269,6 +269,18 @@ def test_two_places_run_two_holders_at_once_each_on_one_thread_and_the_third_wai
     assert cpu.team() == cpu.process_share().team()  # the cap went with the hold
 
 
+def test_a_compute_job_runs_on_one_thread_while_it_holds_a_place_and_unheld_work_on_the_free_cores():
+    from decode import cpu
+    from decode.batching import Cores
+
+    compute = ComputeThread("test-places", cores=Cores(slots=2))
+    try:
+        assert compute.call(cpu.team) == 1  # numba's team, CTranslate2's encoder and Piper's front read this
+        assert compute.call(cpu.team, exclusive=False) == cpu.process_share().team()  # (a long transcription's)
+    finally:
+        compute.close()
+
+
 def test_the_compute_thread_serves_waiting_work_by_deadline():
     import math
 

@@ -83,6 +83,21 @@ def test_two_decoders_on_shared_weights_do_not_disturb_each_other(pair):
         np.testing.assert_array_equal(other.step(t, p), alone[1][p])
 
 
+def test_a_step_without_logits_caches_the_same_keys_and_values(pair):
+    """A prompt's token whose logits nobody reads (``step(..., logits=False)``) leaves the caches as a full step does:
+    the next step's logits are the same to the bit, and it hands back nothing."""
+    ours, _ = pair
+    full, lean = ours.decoder.fork(), ours.decoder.fork()
+    enc = np.random.default_rng(2).standard_normal((1, 80, 384)).astype(np.float32)
+    full.start(enc)
+    lean.start(enc)
+    prompt = (50360, 8299, 25665, 50257, 50362)  # (which tokens does not matter: the caches are compared)
+    for p, t in enumerate(prompt[:-1]):
+        full.step(t, p)
+        assert lean.step(t, p, logits=False) is None
+    np.testing.assert_array_equal(lean.step(prompt[-1], len(prompt) - 1), full.step(prompt[-1], len(prompt) - 1))
+
+
 def test_step_and_start_check_their_input(pair):
     dec = pair[0].decoder.fork()
     with pytest.raises(RuntimeError, match="before Decoder.start"):
