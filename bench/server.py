@@ -1,7 +1,7 @@
 """Voice-to-voice over the websocket server, measured on the client's clock, for 1, 2 and 4
 concurrent sessions replaying the sample conversations in real time.
 
-    .venv/bin/python bench/server.py [--sessions 1 2 4] [--native] [--vs-file] [--wavs WAV...] [--json FILE]
+    .venv/bin/python bench/server.py [--sessions 1 2 4] [--native] [--vs-file] [--wavs WAV...] [--busy N] [--json FILE]
 
 Starts ``wafervox serve`` on a free loopback port (a separate process, as in production), then for
 each session count runs that many ``wafervox client`` sessions at once (in this process), each
@@ -119,15 +119,22 @@ def main() -> None:
                     "instead of the sample conversations")
     ap.add_argument("--vs-file", action="store_true", help="first the same recordings through the file path and one server "
                     "session, stage by stage (see above)")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="N busy processes (a spinning loop each, default priority) beside the sessions (default 0)")
     ap.add_argument("--json", metavar="FILE", help="also write every turn and the summary as JSON")
     args = ap.parse_args()
+    if not 0 <= args.busy <= 16:
+        ap.error("--busy takes 0 to 16 processes")
+    from turn import BusyNeighbours  # (beside this script)
 
     convs = conversations(args.wavs)
     proc, port = start_server(["--max-sessions", str(max(args.sessions, default=1) + 1)])  # + the ping probe
     url = f"ws://127.0.0.1:{port}/v1/{'stream' if args.native else 'realtime'}"
     print(f"server on port {port}; {url}", flush=True)
     results, versus = {}, None
+    busy = BusyNeighbours(args.busy)
     try:
+        busy.__enter__()  # (once the server is up: its engines load as on an idle machine)
         if args.vs_file:
             versus = vs_file(url, convs, args)
         for n in args.sessions:
@@ -143,13 +150,14 @@ def main() -> None:
                           "ping_rtt_ms": {"p50": q(rtts, 0.5), "p95": q(rtts, 0.95), "max": round(max(rtts), 1) if rtts else None},
                           "within_budget": sum(1 for v in client if v is not None and v <= args.budget_ms), "per_turn": turns}
     finally:
+        busy.__exit__(None, None, None)
         stop_server(proc)
 
     b = args.budget_ms
     first = results.get(args.sessions[0], {}) if args.sessions else {}
     base = first.get("client_v2v_ms", {}).get("p50")
     print(f"\nvoice-to-voice on the client's clock over loopback ({'native /v1/stream' if args.native else '/v1/realtime'}), "
-          f"budget {b:.0f} ms")
+          f"budget {b:.0f} ms" + (f", beside {args.busy} busy process(es)" if args.busy else ""))
     print(f"{'sessions':>8s} {'turns':>5s} {'client p50':>10s} {'p95':>6s} {'server p50':>10s} {'p95':>6s} "
           f"{'overhead p50':>12s} {'p95':>5s} {'p50/budget':>10s} {'p50 vs 1st':>10s} {'hit rate':>8s} {'ping p95/max':>12s}")
     for n, r in results.items():
@@ -162,7 +170,8 @@ def main() -> None:
               f"{f(o['p50']):>12s} {f(o['p95']):>5s} {of_budget:>10s} {rel:>10s} {hit:>8s} "
               f"{f(r['ping_rtt_ms']['p95']) + '/' + f(r['ping_rtt_ms']['max']):>12s}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"budget_ms": b, "native": args.native, "results": results, "vs_file": versus}, indent=1))
+        Path(args.json).write_text(json.dumps({"budget_ms": b, "native": args.native, "results": results, "vs_file": versus,
+                                           "busy": args.busy}, indent=1))
 
 
 if __name__ == "__main__":
