@@ -70,15 +70,19 @@ def deadline(t: float | None):
         _local.deadline = before
 
 
+#: holders of the cores at one time (``Cores``): the decode core, Whisper and the voice are what runs at once
+PLACES = 2
+
+
 class Cores:
     """The machine's cores as a lock of ``slots`` places, each granted by deadline: when a place frees, the waiter whose
     work is due first gets it (the calling thread's ``current_deadline()``; ties in order of arrival).  A holder's
-    compute runs on one thread (``decode.cpu.holding(1)``: numba's team, CTranslate2's encoder, Piper's front), so
-    two holders on two cores run side by side instead of one team of two taking turns with the next: a team of two
-    gained ~20% on a decode step alone and lost 2x beside the server's other threads (its half waits for a core at
-    every layer).  ``slots`` None: as many as the cores this process may use and other programs leave free
-    (``decode.cpu.team()`` of the process, read at each grant).  Used as ``threading.Lock`` is (``with cores:``);
-    not re-entrant."""
+    compute runs on its share of the free cores (``decode.cpu.holding``: numba's team, CTranslate2's encoder, Piper's
+    front): on two cores, two places of one thread each, so two holders run side by side instead of one team of two
+    taking turns with the next (a team of two gained ~20% on a decode step alone and lost 2x beside the server's other
+    threads: its half waits for a core at every layer).  ``slots`` None: ``PLACES``, or one while other programs leave
+    this process a single core (``decode.cpu``'s share, read at each grant).  Used as ``threading.Lock`` is
+    (``with cores:``); not re-entrant."""
 
     def __init__(self, slots: int | None = None):
         if slots is not None and slots < 1:
@@ -95,7 +99,7 @@ class Cores:
         self.most = 0
 
     def _places(self) -> int:
-        return self.slots if self.slots is not None else cpu.process_share().team()
+        return self.slots if self.slots is not None else min(PLACES, cpu.process_share().team())
 
     def acquire(self, due: float | None = None) -> bool:
         entry = (current_deadline() if due is None else due, next(self._arrival))
@@ -110,7 +114,7 @@ class Cores:
                 self._cv.notify_all()  # the next waiter may fit in a place still free
             self._holders += 1
             self.most = max(self.most, self._holders)
-        self._caps.hold = cpu.holding(1)
+        self._caps.hold = cpu.holding(max(1, cpu.process_share().team() // self._places()))
         self._caps.hold.__enter__()
         return True
 
