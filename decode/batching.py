@@ -245,6 +245,12 @@ class ComputeThread:
         self._q.put(job, job.due)
         return job.future.result()
 
+    def submit(self, fn, *args) -> Future:
+        """``call`` without waiting: ``fn`` runs there by the caller's deadline; its outcome is in the future."""
+        job = _Call(fn, args, True, current_deadline())
+        self._q.put(job, job.due)
+        return job.future
+
     def step(self, model, state, tokens, pos0: int, bulk: bool = False):
         """``bulk``: a slice of a long prefill, run only when no other work waits and none ran for ``quiet_s`` (the
         sessions in a turn step every few milliseconds, so bulk work fills the gaps between turns and delays a turn's

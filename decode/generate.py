@@ -8,8 +8,10 @@ yielding ``Piece``s (token id + the text it completes).  When the stream ends,
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,12 +108,37 @@ class Generator:
         self.state = self.model.new_state()
         self.cached: list[int] = []  # token ids whose K/V sit at positions 0..len-1
         self.last: GenerationStats | None = None
+        self._busy: tuple[Future, list] | None = None  # work on this sequence running elsewhere (``run_aside``)
+
+    def run_aside(self, submit, fn, *args) -> Future:
+        """``fn(*args)`` (which uses this sequence) handed to ``submit`` (e.g. ``ComputeThread.submit``: it runs on
+        that thread, and the caller goes on); until it is done, this sequence's other uses wait for it (from any
+        thread but the one running it), so its cache stays one sequence's.  Returns its future."""
+        self._settle()
+        runner: list = []
+
+        def job():
+            runner.append(threading.get_ident())
+            return fn(*args)
+
+        work = submit(job)
+        self._busy = (work, runner)
+        return work
+
+    def _settle(self) -> None:
+        """Wait for work handed aside (``run_aside``) unless this thread is the one running it."""
+        busy = self._busy
+        if busy is not None and threading.get_ident() not in busy[1]:
+            busy[0].exception()  # (its outcome is its caller's: this only waits)
+            self._busy = None
 
     def fork(self) -> Generator:
         """Another sequence on the same loaded model, tokenizer and template (nothing is reloaded),
         starting from a copy of this one's cached prefix; use each from one thread at a time."""
+        self._settle()
         g = object.__new__(Generator)
         g.model, g.tokenizer, g.template = self.model, self.tokenizer, self.template
+        g._busy = None
         g.state = self.model.new_state()
         n = len(self.cached)
         g.state.k_cache[:, :n] = self.state.k_cache[:, :n]
@@ -123,6 +150,7 @@ class Generator:
     def close(self) -> None:
         """Let go of this sequence's KV cache and scratch now (a closed session's ~90 MB), without waiting for
         the garbage collector to find whatever still points at the generator; it cannot be used afterwards."""
+        self._settle()
         self.state = _CLOSED
         self.cached = []
 
@@ -140,6 +168,7 @@ class Generator:
 
     def reset(self) -> None:
         """Forget the conversation (the cache is overwritten from position 0)."""
+        self._settle()
         self.cached = []
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
@@ -148,6 +177,7 @@ class Generator:
     def prefill(self, prompt_ids) -> int:
         """Bring the KV cache up to ``prompt_ids`` without generating (e.g. the part of the next
         prompt already known while waiting for the user); returns the tokens computed."""
+        self._settle()
         prompt_ids = [int(t) for t in prompt_ids]
         if len(prompt_ids) >= self.n_ctx:
             raise ContextLengthError(f"prompt has {len(prompt_ids)} tokens; the context holds {self.n_ctx}")
@@ -163,6 +193,7 @@ class Generator:
         """The next-token logits after ``prompt_ids`` (a copy), with the KV cache brought up to
         them as ``prefill`` does (the cached prefix reused), so a prompt that goes on from them
         later computes only its own new tokens."""
+        self._settle()
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
             raise ValueError("empty prompt")
@@ -185,6 +216,7 @@ class Generator:
                stop_ids=None) -> Iterator[Piece]:
         """Yield the generated pieces for ``prompt_ids``; stop at a stop token, ``max_tokens``,
         or a full context."""
+        self._settle()
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
             raise ValueError("empty prompt")

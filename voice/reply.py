@@ -128,6 +128,7 @@ class ReplyPump:
             self._judge_turn_end(r)
             yield
         yield from self._reply(r)
+        self._await_judgement(r)
 
     def _transcribe(self, r: Response, audio: np.ndarray | None, text: str | None) -> bool:
         """``r``'s transcript; False when the transcription came out degenerate (``r`` failed)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -97,6 +98,7 @@ class Response:
     used: list[str] = field(default_factory=list)  # ... and those that changed what it did
     forecast_ms: float | None = None  # its voice-to-voice as last forecast
     chunker: PhraseChunker | None = None  # its reply's phrase chunker, once the reply started
+    scoring: Future | None = None  # its end-of-turn score while it is computed aside (``voice.speculation``)
 
     def advance(self, to: Phase) -> None:
         """Move to phase ``to``; a move ``TRANSITIONS`` does not allow raises ``IllegalTransition``."""
@@ -165,8 +167,8 @@ class Response:
         """Work left that may be done now.  A speculative answer stops at its first audio until the endpoint adopts it:
         that is all the endpoint plays at once, and the rest would be lost with it if the user goes on (its work is
         the cores' that other sessions' turns wait for)."""
-        if self.phase is Phase.SPECULATING:
-            return not self.held and (self.due_s is None or now >= self.due_s)
+        if self.phase is Phase.SPECULATING:  # (while its score is computed aside it goes on: its next piece takes it in)
+            return (not self.held or self.scoring is not None) and (self.due_s is None or now >= self.due_s)
         return self.phase is Phase.ANSWERING and (self.due_s is None or now >= self.due_s)
 
 

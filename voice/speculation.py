@@ -106,19 +106,38 @@ class Speculation:
 
     def _judge_turn_end(self, r: Response) -> None:
         """Score the speculative transcript (P(the turn is over)) and pick the silence that closes the turn; the
-        endpointer gets it after this piece of work (``_apply_stop``)."""
+        endpointer gets it after the piece of work that has it (``_apply_stop``).  Where the decode core runs on a
+        compute thread (the server) the score is computed there while the answer's first phrase, which needs no
+        model, is voiced here: the turn's end and its first audio come together instead of one after the other."""
         with self.clock.working():
-            score = self.e.turn_end.score(scoring_context(self.e.llm), r.transcript)
+            r.scoring = self.e.turn_end.submit(scoring_context(self.e.llm), r.transcript)
+        self._take_score(r)
+
+    def _await_judgement(self, r: Response) -> None:
+        """The score, waited for (the answer's work is done before it)."""
+        if r.scoring is not None:
+            with self.clock.working():
+                r.scoring.exception()
+            self._take_score(r)
+
+    def _take_score(self, r: Response) -> bool:
+        """Take in ``r``'s score once it is in; False while it is not."""
+        if r.scoring is None or not r.scoring.done():
+            return False
+        score, r.scoring = r.scoring.result(), None
         r.stamp("turn_end_score", self.clock.now())
         decision = self.cfg.end_of_turn.decide(score, r.transcript)
         r.end_of_turn = {"p_end": round(score.p_end, 4), "p_token": round(score.p_token, 5), "source": score.source,
                          "rule": decision.rule, "stop_ms": decision.stop_ms, "eagerness": self.cfg.end_of_turn.eagerness}
         if r is self._spec:
             self._stop_ms = decision.stop_ms
+        return True
 
     def _apply_stop(self) -> None:
         """Hand a pending end-of-turn decision to the endpointer, which may stop the turn at once (outside any
         response's generator: the stop adopts or drops the speculative answer)."""
+        if self._spec is not None:
+            self._take_score(self._spec)  # (a score computed aside)
         if self._stop_ms is None:
             return
         if self._spec is not None and self.vad.state is VadState.SPEECH:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,6 +129,18 @@ class TurnEndScorer:
         if self.head is None:
             return TurnEndScore(p_end=p_token, p_token=p_token, source="zero-shot")
         return TurnEndScore(p_end=self.head.p_end(feats), p_token=p_token, source="head")
+
+    def submit(self, context, text: str) -> Future:
+        """``score`` as a future: on the decode core's compute thread when the generator's model runs on one (the
+        caller goes on meanwhile; the generator's other uses wait for it), else computed now."""
+        from decode.batching import BatchingModel
+
+        model = self.generator.model
+        if not isinstance(model, BatchingModel):
+            done: Future = Future()
+            done.set_result(self.score(context, text))
+            return done
+        return self.generator.run_aside(model.compute.submit, self.score, list(context), text)
 
     def p_end(self, context, text: str) -> float:
         return self.score(context, text).p_end

@@ -164,6 +164,37 @@ def test_a_score_is_the_same_from_a_cold_cache(headed, generator):
     assert again.p_end == pytest.approx(warm.p_end, rel=1e-4) and again.p_token == pytest.approx(warm.p_token, rel=1e-4)
 
 
+def test_a_score_computed_aside_on_the_compute_thread_is_the_same_and_the_sequence_waits_for_it(headed, model):
+    """``submit`` on a generator whose model runs on a compute thread (the server's): the caller goes on while it is
+    computed there; the same score as computed in place; the sequence's next use (the answer's prompt) waits for it
+    and finds the user's text in the cache."""
+    import threading
+
+    from decode.batching import BatchingModel, ComputeThread
+
+    text = "How much does a croissant cost?"
+    here = headed.score(CONTEXT, text)
+    compute = ComputeThread("test-aside")
+    try:
+        gen = headed.generator.fork()
+        gen.model = BatchingModel(model, compute)
+        aside = TurnEndScorer(gen, headed.head)
+        hold, started = threading.Event(), threading.Event()
+        compute.submit(lambda: (started.set(), hold.wait(10)))  # the compute thread busy: the score waits behind it
+        assert started.wait(10)
+        work = aside.submit(CONTEXT, text)
+        assert not work.done()  # handed over, not computed here
+        prompt = gen.encode_chat(CONTEXT + [{"role": "user", "content": text}])
+        hold.set()
+        stats = gen.generate(prompt, max_tokens=2)  # waits for the score, then reuses its prefix
+        assert work.done()
+        got = work.result()
+        assert got.p_end == pytest.approx(here.p_end, rel=1e-4) and got.p_token == pytest.approx(here.p_token, rel=1e-4)
+        assert stats.cached_tokens == len(aside.prefix_ids(CONTEXT, text))
+    finally:
+        compute.close()
+
+
 def test_the_logistic_fit_separates_a_separable_set():
     from voice.turn_end_train import fit_logistic
 
