@@ -149,8 +149,9 @@ class Generator:
 
     def close(self) -> None:
         """Let go of this sequence's KV cache and scratch now (a closed session's ~90 MB), without waiting for
-        the garbage collector to find whatever still points at the generator; it cannot be used afterwards."""
-        self._settle()
+        the garbage collector to find whatever still points at the generator; it cannot be used afterwards (work handed
+        aside that is still running finds it closed)."""
+        self._busy = None
         self.state = _CLOSED
         self.cached = []
 

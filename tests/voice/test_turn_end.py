@@ -195,6 +195,27 @@ def test_a_score_computed_aside_on_the_compute_thread_is_the_same_and_the_sequen
         compute.close()
 
 
+def test_a_sequence_closed_while_its_score_waits_aside_does_not_wait_and_the_score_finds_it_closed(headed, model):
+    import threading
+
+    from decode.batching import BatchingModel, ComputeThread
+    from decode.errors import ClosedError
+
+    compute = ComputeThread("test-aside-close")
+    try:
+        gen = headed.generator.fork()
+        gen.model = BatchingModel(model, compute)
+        hold = threading.Event()
+        compute.submit(hold.wait, 10)  # the compute thread busy: the score waits behind it
+        work = TurnEndScorer(gen, headed.head).submit(CONTEXT, "Who owns the bakery?")
+        gen.close()  # the session ended: at once, not after the score
+        hold.set()
+        with pytest.raises(ClosedError):
+            work.result(10)
+    finally:
+        compute.close()
+
+
 def test_the_logistic_fit_separates_a_separable_set():
     from voice.turn_end_train import fit_logistic
 
