@@ -76,6 +76,7 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
         model = Model(opts.model, warm=False)
         if pre is not None:
             model.compile_parts()
+            whisper_parts(opts.asr_model)  # (while the worker compiles the matrix kernel: what its Whisper step calls)
             pre.wait("qmatvec")
         model.warm_up()
         if opts.deploy is not None:
@@ -118,6 +119,17 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
     warm_turn(asr, llm, tts, turn_end)
     times["warmup_ms"] = (time.perf_counter() - t) * 1000
     return Engines(transcriber=asr, llm=llm, tts=tts, ack_pcm=ack, turn_end=turn_end), times
+
+
+def whisper_parts(model: str) -> None:
+    """Whisper's decoder parts that do not need the matrix kernel, compiled here on a first run
+    (``voice.whisper_decoder.compile_parts``); a model that is not installed is left to its load to report."""
+    from .asr import whisper_model_dir
+    from .whisper_decoder import compile_parts
+
+    path = whisper_model_dir(model) / "model.bin"
+    if path.is_file():
+        compile_parts(path)
 
 
 def vocabulary(persona: Persona) -> str:

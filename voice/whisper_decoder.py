@@ -416,6 +416,24 @@ class Decoder:
         return self.logits[0] if logits else None
 
 
+def compile_parts(model_bin) -> None:
+    """The step's float32 parts (the cross keys and values, the layer norm, both attentions, the GELU) and greedy's
+    rules, each run once on a scratch decoder with the argument types a transcription gives them: their kernels are
+    compiled (or loaded from numba's cache).  A first run calls this while another process compiles the matrix kernel
+    that the step needs (``voice.precompile``); that process's step then finds these in the cache."""
+    dec = Decoder(model_bin)
+    w = dec.weights
+    dec.start(np.zeros((1, 1, dec.d), np.float32))
+    layer_norm(dec.x[0], w.norms[0, 0, 0], w.norms[0, 0, 1], dec.h)
+    self_attend(dec.qkv[0], w.biases[0][0], dec.k_cache[0], dec.v_cache[0], 0, dec.heads, dec.att[0], dec.scores)
+    cross_attend(dec.q[0], w.biases[2][0], dec._cross[0], dec.heads, dec.att[0], dec.scores)
+    gelu_bias(dec.ffn, w.biases[4][0])
+    logits, none = dec.logits[0], np.zeros(1, np.int64)
+    _rules(logits, np.zeros(2, np.int64), 0, True, 1, 0, 0, none, 50, none)
+    _logsumexp(logits)
+    _softmax_at(logits, 0)
+
+
 @njit(**_JIT)
 def _rules(logits, sampled, n, first_step, ts_begin, eot, no_ts, blank, max_initial, suppress):
     """Whisper's logit rules, in place, for the ``n`` tokens ``sampled`` so far."""
