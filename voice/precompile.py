@@ -8,8 +8,9 @@ Whisper's decoder step (~8 s) and a few smaller kernels, all on one core.  Every
 process has compiled and saved is loaded here instead.  ``load_engines`` starts ``python -m voice.precompile
 <path>`` when the cache holds no layer stack or Whisper step for the path, then:
 
-- loads the LLM's weights and compiles its embedding and attention (``Model.compile_parts``) while the worker compiles
-  the matrix kernel (stage ``qmatvec``);
+- loads the LLM's weights and compiles its embedding and attention (``Model.compile_parts``), then Whisper's step's
+  float32 parts and greedy's rules (``whisper_decoder.compile_parts``), while the worker compiles the matrix kernel
+  (stage ``qmatvec``);
 - waits for that stage, then runs the LLM's first step: its layer stack finds the matrix kernel in the cache;
 - loads the voice while the worker loads Whisper and transcribes half a second of silence (stage ``whisper``);
 - waits for that stage, then loads Whisper: every kernel it runs is in the cache.
