@@ -247,7 +247,8 @@ def test_two_places_run_two_holders_at_once_each_on_its_share_and_the_third_wait
 
     def hold(name, due):
         with deadline(due), cores:
-            teams.append(cpu.team())
+            share = cpu.process_share().team()  # (read beside the team: it follows the free CPU)
+            teams.append((cpu.team(), max(1, share // 2)))  # each place's share of the free cores: one thread on two
             order.append(name)
             if name in ("a", "b"):
                 inside.wait()
@@ -265,8 +266,7 @@ def test_two_places_run_two_holders_at_once_each_on_its_share_and_the_third_wait
     for t in (a, soon, late):
         t.join(10)
     assert order == ["a", "b", "late"], order
-    share = max(1, cpu.process_share().team() // 2)  # each place's share of the free cores: one thread on two cores
-    assert cores.most == 2 and teams == [share] * 3 and not cores.locked()
+    assert cores.most == 2 and len(teams) == 3 and all(got == share for got, share in teams) and not cores.locked()
     assert cpu.team() == cpu.process_share().team()  # the cap went with the hold
 
 
@@ -276,9 +276,13 @@ def test_a_compute_job_runs_on_its_places_share_while_it_holds_it_and_unheld_wor
 
     compute = ComputeThread("test-places", cores=Cores(slots=2))
     try:
-        share = max(1, cpu.process_share().team() // 2)  # one thread on two cores
-        assert compute.call(cpu.team) == share  # numba's team, CTranslate2's encoder and Piper's front read this
-        assert compute.call(cpu.team, exclusive=False) == cpu.process_share().team()  # (a long transcription's)
+        def teams():  # (the share read beside the team: it follows the free CPU)
+            return cpu.team(), cpu.process_share().team()
+
+        held, share = compute.call(teams)
+        assert held == max(1, share // 2)  # one thread on two cores: numba's team, CTranslate2's encoder, Piper's front
+        unheld, share = compute.call(teams, exclusive=False)  # (a long transcription's)
+        assert unheld == share
     finally:
         compute.close()
 
