@@ -186,6 +186,11 @@ _NUMBER_WORDS = set("zero oh one two three four five six seven eight nine ten el
                     "thousand".split())
 
 
+#: "one" after these is a pronoun ("No, the other one.", "I'll take that one.").
+_ONE_AS_PRONOUN = frozenset("the that this other which each every any no another same big small last first next new old "
+                            "blue red green white black right left cheaper bigger smaller".split())
+
+
 def dictating(text: str) -> bool:
     """The heard text stops where dictation goes on: after a number ("My number is 555 1234", "twelve"), a letter
     spelled ("K, O, W"), or a comma; a question mark (Whisper heard a question's rise) is not dictation."""
@@ -194,8 +199,10 @@ def dictating(text: str) -> bool:
         return False
     if t.endswith(","):
         return True
-    last = t.rstrip(".!;:-").split()[-1:] or [""]
-    word = last[0].strip("\"'()").lower()
+    words = t.rstrip(".!;:-").split()
+    word = (words[-1:] or [""])[0].strip("\"'()").lower()
+    if word == "one" and len(words) > 1 and words[-2].strip(",").lower() in _ONE_AS_PRONOUN:
+        return False  # "the other one", "that one": a pronoun, not a digit read out
     letters = word.replace(".", "")
     spelled = "-" in letters and all(len(x) == 1 and x.isalpha() for x in letters.split("-"))  # "O-W-A-L-S-K-I"
     return bool(word) and (any(c.isdigit() for c in word) or word in _NUMBER_WORDS or spelled

@@ -129,7 +129,8 @@ def test_dictation_is_never_closed_at_a_pause_of_800_ms_unless_the_head_is_sure(
     for text in ("My number is 555 1234.", "The zip code is six zero,", "My account number 8 7 7 3 8 1 2",
                  "My last name is Sam K. O-W-A-L-S-K-I.", "Send it to 42.", "It's spelled G, A, R."):
         assert dictating(text), text
-    for text in ("Is it 12 Harbor Street or 20?", "I need bread and milk.", "Who owns it?", "I want a", "So I", ""):
+    for text in ("Is it 12 Harbor Street or 20?", "I need bread and milk.", "Who owns it?", "I want a", "So I", "",
+                 "No, the other one.", "I'll take that one."):
         assert not dictating(text), text
     head = lambda p: TurnEndScore(p_end=p, p_token=0.0, source="head")  # noqa: E731
     pol = TurnEndPolicy()
