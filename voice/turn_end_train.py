@@ -105,7 +105,9 @@ CONTEXTS = ("persona", "bare")
 #: Whole and unfinished turns for many kinds of voice assistant (smart home, robots, navigation, media, airlines, banks,
 #: clinics, support lines, chat, short replies to the assistant's own question), written by hand for this trainer: the
 #: lists above are one bakery's, and a head trained on them alone took "Stop.", "Go back." or "Increase the volume." for
-#: unfinished turns (0.05-0.17).
+#: unfinished turns (0.05-0.17).  Opt-in (``--corpus``): a head trained with it closed more whole turns of the held-apart
+#: text set, but took garbled transcripts of noisy voices for whole turns and cut off 11 of 24 paused turns of
+#: samples/heldout (4 of 24 without it): BENCHMARKS.md.
 CORPUS_PATH = Path(__file__).with_name("turn_end_corpus.json")
 
 
@@ -119,12 +121,12 @@ def corpus() -> dict[str, list[str]]:
     return {"complete": list(data["complete"]), "unfinished": list(data["unfinished"])}
 
 
-def complete_texts() -> list[str]:
-    return QUESTIONS + REQUESTS + STATEMENTS + SHORT + corpus()["complete"]
+def complete_texts(with_corpus: bool = False) -> list[str]:
+    return QUESTIONS + REQUESTS + STATEMENTS + SHORT + (corpus()["complete"] if with_corpus else [])
 
 
-def unfinished_texts() -> list[str]:
-    return HESITATIONS + corpus()["unfinished"]
+def unfinished_texts(with_corpus: bool = False) -> list[str]:
+    return HESITATIONS + (corpus()["unfinished"] if with_corpus else [])
 
 
 def variants_complete(text: str, rng: random.Random) -> list[str]:
@@ -184,17 +186,18 @@ def evaluation_texts() -> set[str]:
     return out
 
 
-def labelled_set(seed: int = 7) -> list[tuple[str, int, int]]:
+def labelled_set(seed: int = 7, with_corpus: bool = False) -> list[tuple[str, int, int]]:
     """(text, label 1 = complete, group) triples; a group is one source utterance.  Texts of the turn-taking set
-    are left out (``evaluation_texts``)."""
+    are left out (``evaluation_texts``).  ``with_corpus`` adds ``CORPUS_PATH``'s texts."""
     rng = random.Random(seed)
     held = evaluation_texts()
     rows = []
-    for g, text in enumerate(complete_texts()):
+    complete = complete_texts(with_corpus)
+    for g, text in enumerate(complete):
         rows += [(t, 1, g) for t in variants_complete(text, rng)]
         rows += [(t, 0, g) for t in cuts(text, rng)]
-    base = len(complete_texts())
-    rows += [(t, 0, base + i) for i, t in enumerate(unfinished_texts())]
+    base = len(complete)
+    rows += [(t, 0, base + i) for i, t in enumerate(unfinished_texts(with_corpus))]
     return [r for r in rows if _key(r[0]) not in held]
 
 
@@ -314,6 +317,9 @@ def main(argv=None) -> None:
     ap.add_argument("--heard", type=int, default=0, metavar="N",
                     help="add N heard rows per text (spoken by TRAIN_VOICES and transcribed); default 0: the committed "
                          "head is text rows only (with 1, the head was no better on the held-apart set: BENCHMARKS.md)")
+    ap.add_argument("--corpus", action="store_true",
+                    help="add voice/turn_end_corpus.json's texts (25 kinds of assistant); default off: such a head cut "
+                         "off more paused turns of samples/heldout (BENCHMARKS.md)")
     args = ap.parse_args(argv)
 
     from decode import Generator, Model
@@ -325,7 +331,7 @@ def main(argv=None) -> None:
     one_blas_thread()
     gen = Generator(model=Model(args.model))
     scorer = TurnEndScorer(gen)
-    rows = labelled_set(args.seed)
+    rows = labelled_set(args.seed, with_corpus=args.corpus)
     n_text = len(rows)
     if args.heard:
         from .asr import WhisperTranscriber
@@ -369,7 +375,7 @@ def main(argv=None) -> None:
     p_all = 1.0 / (1.0 + np.exp(-(xs @ w + b)))
     info = {"texts": len(rows), "text_rows": n_text, "heard_rows": len(rows) - n_text, "heard_per_text": args.heard,
             "train_voices": ["-".join(map(str, v)) for v in TRAIN_VOICES], "contexts": list(ctxs),
-            "rows": int(len(y)), "complete": int(y.sum()), "l2": args.l2,
+            "rows": int(len(y)), "complete": int(y.sum()), "l2": args.l2, "corpus": args.corpus,
             "seed": args.seed, "held_out": held_rates, "held_out_heard": heard_rates, "zero_shot_held_out": zero_rates,
             "train": rates(p_all, y, policy.confident, policy.unfinished)}
     head = TurnEndHead(weights=w, bias=b, mean=mean, scale=scale, model_key=model_key(gen.model), info=info)

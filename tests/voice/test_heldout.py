@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from voice.asr import persona_vocabulary
-from voice.turn_end_train import EVALUATION_MANIFESTS, TRAIN_VOICES, _key, labelled_set
+from voice.turn_end_train import EVALUATION_MANIFESTS, EVALUATION_TEXT_SETS, TRAIN_VOICES, _key, labelled_set
 
 ROOT = Path(__file__).resolve().parents[2]
 HELDOUT = ROOT / "samples" / "heldout"
@@ -58,13 +58,21 @@ def test_no_voice_of_the_heldout_sets_is_in_the_own_sets_or_the_training_voices(
 
 
 def test_no_heldout_text_is_in_the_training_set():
-    training = {_key(t) for t, _, _ in labelled_set()}
+    training = {_key(t) for t, _, _ in labelled_set(with_corpus=True)}
     assert training
     for name in ("turntaking", "asr"):
         for file, meta in manifest(name).items():
             for text in [meta["text"], *meta.get("parts", [])]:
                 assert _key(text) not in training, f"{name}/{file}: {text!r} is in the training set"
     assert {f"samples/heldout/{n}/manifest.json" for n in ("turntaking", "asr")} <= set(EVALUATION_MANIFESTS)
+
+
+def test_no_text_of_the_held_apart_text_set_is_in_the_training_set():
+    data = json.loads((ROOT / EVALUATION_TEXT_SETS[0]).read_text())
+    training = {_key(t) for t, _, _ in labelled_set(with_corpus=True)}
+    texts = data["complete"] + [p["text"] for p in data["paused"]]
+    assert len(texts) >= 300
+    assert not [t for t in texts if _key(t) in training]
 
 
 def test_the_turntaking_set_has_pauses_of_500_to_800_ms_and_complete_questions():

@@ -79,7 +79,7 @@ def test_held_out_figures_are_recorded_in_the_head():
     head = TurnEndHead.load(HEAD_PATH)
     assert head.info["held_out"]["complete_confident"] >= 0.8
     assert head.info["held_out"]["unfinished_confident"] <= 0.15
-    assert head.info["rows"] == 2 * len(labelled_set(head.info["seed"]))
+    assert head.info["rows"] == 2 * len(labelled_set(head.info["seed"], with_corpus=head.info.get("corpus", False)))
 
 
 def test_a_head_for_another_model_is_not_used(generator, tmp_path):
