@@ -50,9 +50,10 @@ _LEANS_BACK = re.compile(r"^\s*(?:and|also|what about|how about|what of|plus|or)
 
 #: The kinds of answer a question asks for, and how a fact that gives one looks, whatever the business: a place (a number
 #: and a name: "12 Harbor Street"), a person (a name: "Dr. Priya Raman", "The owner is Tom"), a price, a time of day,
-#: a length of time.  A fact of the kind a question asks for gets ``TYPE_BONUS`` on top of its similarity: the
+#: a length of time, a day of the week.  A fact of the kind a question asks for gets ``TYPE_BONUS`` on top of its similarity: the
 #: embedding alone ranked "Where are you?" nearest to no fact or to a price, "Who runs the shop?" nearest to the
 #: shop's address (own and dev sets, bench/retrieval.py ``minilm-notype``).
+_DAY = r"(?:(?:mon|tues|wednes|thurs|fri|satur|sun)days?|weekends?|weekdays?)"
 ANSWER_TYPES = {
     "place": (r"\bwhere\b|\baddress\b|\blocat|\bfind (?:you|the)\b|\bdirections\b|\bget (?:there|to you)\b",
               r"\b\d+[A-Za-z]?\s+(?!(?:AM|PM|A\.M|P\.M)\b)(?:[A-Z][\w'-]*\s*){1,3}"),
@@ -65,9 +66,14 @@ ANSWER_TYPES = {
              r"\b(?:morning|evening)\b|\b\d{1,2}\s+to\s+\d{1,2}\b"),
     "duration": (r"\bhow long\b|\bhow soon\b|\bhow quickly\b",
                  r"\b(?:\d+|one|two|three|four|five|ten|few)\s+(?:to\s+\w+\s+)?(?:minutes?|hours?|days?|weeks?)\b|\bsame day\b"),
+    "day": (rf"\b{_DAY}\b|\bwhich days?\b|\bwhat days?\b",
+            rf"\b{_DAY}\b|\bevery day\b|\bdaily\b|\bseven days\b"),
 }
-_TYPE_RES = {k: (re.compile(q, re.I), re.compile(f, re.I if k in ("price", "duration", "time") else 0))
+_TYPE_RES = {k: (re.compile(q, re.I), re.compile(f, re.I if k in ("price", "duration", "time", "day") else 0))
              for k, (q, f) in ANSWER_TYPES.items()}
+#: Kinds that rank facts but do not, alone, make a question one about the business: "Who won the game on Sunday?"
+#: names a day as "Are you open on Sunday?" does.
+WEAK_TYPES = frozenset({"day"})
 #: What a fact of the kind asked for gets on top of its similarity (chosen on the own and dev sets).
 TYPE_BONUS = 0.1
 
@@ -227,7 +233,8 @@ class FactIndex:
         ranked = s + self.bonus(asked)
         order = np.argsort(-ranked, kind="stable")
         best = int(order[0])
-        if s.max() < sure and not (question_types(asked) & self.types[best] or content_words(asked) & self.words[best]):
+        if s.max() < sure and not ((question_types(asked) - WEAK_TYPES) & self.types[best]
+                                   or content_words(asked) & self.words[best]):
             return []
         hits = [Hit(int(order[0]), float(ranked[order[0]]))]
         if len(order) > 1 and ranked[order[1]] >= ranked[order[0]] - within and s[order[1]] >= min_score:

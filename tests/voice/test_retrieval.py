@@ -84,3 +84,26 @@ def test_the_default_persona_finds_its_facts_by_meaning():
                             ("How much for one croissant?", "2 dollars"), ("Is delivery free?", "free for orders")]:
         assert value in found(p, question)[0], question
     assert found(p, "And a sourdough loaf?", previous="How much is a croissant?")[0] == "5 dollars"
+
+
+SHOP = ("You are the phone assistant for Spoke and Chain, a bike shop run by Luis Ortega. We are at 1200 Canal Road. "
+        "A basic tune-up costs $60 and a flat repair is $12. The store is open Tuesday through Saturday, 9 AM to 6 PM. "
+        "Rentals must be returned by closing time.")
+
+
+@pytest.mark.parametrize("question", ["Can I come by on a Friday?", "Are you open on Tuesdays?", "Are you open Sundays?",
+                                      "Which days of the week are you open?"])
+@kind(ENGINES)
+def test_a_question_that_names_a_day_finds_the_fact_that_names_days(question):
+    from voice.retrieval import question_types
+
+    shop = Persona.from_instructions(SHOP)
+    assert "day" in question_types(question)
+    assert "Tuesday through Saturday" in found(shop, question)[0]
+
+
+@kind(ENGINES)
+def test_a_day_alone_does_not_make_an_off_topic_question_a_fact_question():
+    shop = Persona.from_instructions(SHOP)
+    assert found(shop, "Who won the game on Sunday?") == []
+    assert found(shop, "Is it going to snow this weekend?") == []
