@@ -1,6 +1,6 @@
 """Fact retrieval alone: does the fact shown with a question carry its answer?  Candidates side by side.
 
-    .venv/bin/python bench/retrieval.py [--set own|dev|heldout|heldout2..heldout6|all] [--method NAME ...]
+    .venv/bin/python bench/retrieval.py [--set own|dev|heldout|heldout2..heldout7|all] [--method NAME ...]
 
 No generation: for every fact question of a set's personas (``bench/answers.py``'s sets), the persona's facts are
 ranked for the question (with the previous question of its conversation, for a follow-up) and the question passes
@@ -156,7 +156,7 @@ def rank_embedded(persona, model, types=True):
         t = time.perf_counter()
         hits = index.search(q, previous)
         ms = (time.perf_counter() - t) * 1000
-        best = index.search(q, previous, min_score=-1.0, sure=-1.0)[0]
+        best = index.search(q, previous, min_score=-1.0, sure=-1.0, off_topic=False)[0]
         return [texts[h.index] for h in hits], (texts[best.index], best.score), ms
 
     return search
@@ -165,8 +165,8 @@ def rank_embedded(persona, model, types=True):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", default="all", choices=["own", "dev", "heldout", "heldout2", "heldout3", "heldout4", "heldout5",
-                                                      "heldout6", "all"],
-                    help="all (default): own, dev and heldout..heldout4, the sets already looked at; heldout5 and heldout6 "
+                                                      "heldout6", "heldout7", "all"],
+                    help="all (default): own, dev and heldout..heldout4, the sets already looked at; heldout5..heldout7 "
                          "run only by name (once, to measure: bench/personas/README.md)")
     ap.add_argument("--method", action="append", choices=["words", "minilm", "minilm-notype", "smol-mean", "smol-eol"])
     ap.add_argument("--verbose", action="store_true", help="print every question's best fact")

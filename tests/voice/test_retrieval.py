@@ -107,3 +107,20 @@ def test_a_day_alone_does_not_make_an_off_topic_question_a_fact_question():
     shop = Persona.from_instructions(SHOP)
     assert found(shop, "Who won the game on Sunday?") == []
     assert found(shop, "Is it going to snow this weekend?") == []
+
+
+@pytest.mark.parametrize("question", ["Know any good jokes about bikes?", "Will it rain on Canal Road tomorrow?",
+                                      "Who won the bike race on Sunday?", "Can you write a poem about a bicycle?"])
+@kind(ENGINES)
+def test_a_request_no_business_answers_is_declined_though_it_shares_a_word_with_a_fact(question):
+    shop = Persona.from_instructions(SHOP)
+    assert found(shop, question) == []
+
+
+@pytest.mark.parametrize("question, expected", [("Who is in charge there?", "Luis Ortega"),
+                                                ("What do you charge to fix a flat?", "$12"),
+                                                ("Is the shop open on the weekend?", "Saturday")])
+@kind(ENGINES)
+def test_questions_about_the_business_are_not_taken_for_requests_it_cannot_answer(question, expected):
+    shop = Persona.from_instructions(SHOP)
+    assert expected in " ".join(found(shop, question))
