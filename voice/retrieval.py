@@ -28,9 +28,12 @@ import numpy as np
 #: 18 of 18 off-topic ones declined, where one threshold at best kept 88 and declined 16: "What is the capital of
 #: France?" reaches 0.23 to "The croissant costs 2 dollars.", "Where are you?" 0.19 to "The shop is at 5 Mill Road."),
 #: then with ``SUBJECT_WEIGHT`` on every set but heldout4 (bench/personas/README.md: 216 fact and 44 off-topic
-#: questions; facts found right 172 -> 175, off-topic declined 39 -> 41).
-SURE_SCORE = 0.3
-MIN_SCORE = 0.15
+#: questions; facts found right 172 -> 175, off-topic declined 39 -> 41).  Lowered from 0.3 and 0.15 once the
+#: off-topic prototypes (``OFF_TOPIC_PROTOTYPES``) decline what no business answers: on own, dev and heldout..heldout6
+#: (328 fact, 67 off-topic questions) facts shown right 255 -> 271, off-topic declined 63 -> 62 (a follow-up such as
+#: "If we have to bail, do we get our money back?" is 0.16 from the refund fact and shares no word with it).
+SURE_SCORE = 0.2
+MIN_SCORE = 0.1
 #: Words that say nothing of a question's topic (for ``content_words``).
 _FUNCTION_WORDS = frozenset("a an the and or but of to in on at for from by with about as is are was were be been am do does "
                             "did have has had can could would will shall should may might must you your yours we our us i me "
@@ -83,16 +86,18 @@ TYPE_BONUS = 0.1
 #: nearer one of them than ``OFF_TOPIC_SCORE`` (cosine) and nearer it by ``OFF_TOPIC_MARGIN`` than to any fact is
 #: declined whatever words it shares with the facts: "Do you know any good dinosaur jokes?" to a museum shares
 #: "dinosaur" with where the T. rex stands.  Chosen on the own, dev and heldout..heldout6 persona sets (328 fact and 67
-#: off-topic questions: off-topic declined 54 -> 62, no fact question lost; the nearest fact question, "Who is in
-#: charge?", is 0.55 from "Who is the president?"); the clean figure is heldout7's (BENCHMARKS.md).
+#: off-topic questions), with ``SURE_SCORE``/``MIN_SCORE``: off-topic declined 54 -> 65, facts shown right 255 -> 271.
+#: Worded so that a question about the business is not near one: "Who is the president?" was 0.55 from "Who is in
+#: charge?", "Will it be sunny this weekend?" 0.52 from "What about on Sunday?".  The clean figure is heldout7's
+#: (BENCHMARKS.md).
 OFF_TOPIC_PROTOTYPES = (
     "Tell me a joke.", "Do you know any funny jokes?", "Tell me a story.", "Can you tell me a bedtime story?",
     "Write me a poem.", "Sing me a song.", "Give me a riddle.", "Say something funny.", "Make up a limerick about a cat.",
-    "What's the weather like today?", "Is it going to rain tomorrow?", "Will it be sunny this weekend?",
+    "What's the weather like today?", "Is it going to rain tomorrow?", "Will the weather be sunny and warm?",
     "How cold will it get tonight?", "What's the forecast for next week?",
     "Who won the game last night?", "What was the score of the match?", "Who won the championship this year?",
     "Who won the race?", "Which team won the final?", "How did my team do this weekend?",
-    "What's in the news today?", "Who will win the election?", "Who is the president?",
+    "What's in the news today?", "Who will win the election?", "Who is the president of the United States?",
     "What is the capital of France?", "Who wrote Romeo and Juliet?", "How far away is the moon?",
     "When was the telephone invented?", "How tall is Mount Everest?", "What's the population of China?",
     "What's seven times eight?", "What is fifteen percent of sixty?", "How many ounces are in a pound?",
@@ -101,8 +106,8 @@ OFF_TOPIC_PROTOTYPES = (
     "Should I buy stocks?", "What music should I listen to?", "What's a good name for my dog?",
     "What's your favorite color?", "Do you have feelings?", "What is the meaning of life?", "Are you married?",
 )
-OFF_TOPIC_SCORE = 0.6
-OFF_TOPIC_MARGIN = 0.15
+OFF_TOPIC_SCORE = 0.5
+OFF_TOPIC_MARGIN = 0.1
 
 
 def content_words(text: str) -> set[str]:
