@@ -61,8 +61,10 @@ def _answer(key: str, value: str) -> str:
         verb = "costs"  # "The croissant is ..." went on about croissants
     else:
         verb = "are" if key.endswith("s") and not key.endswith("ss") else "is"
-    # no article before a gerund with an object ("Fixing a flat tire") or a determiner ("Most repairs")
-    the = "" if re.match(r"\w+ing\s+(?:a|an|the|your|my|our)\b|(?:most|all|some|every|our|my)\b", key, re.I) else "The "
+    # no article before a gerund with an object ("Fixing a flat tire"), a determiner ("Most repairs", "Your hosts", "No
+    # late fees": "The your hosts are ..." was said) or a possessive ("Everybody's favorite")
+    the = "" if re.match(r"\w+ing\s+(?:a|an|the|your|my|our)\b|(?:a|an|the|most|all|some|any|every|each|no|our|my|your|"
+                         r"his|her|their|its|this|that|these|those)\b|\w+'s\b", key, re.I) else "The "
     subject = key.lower() if the else key
     return f"{the}{subject} {verb} {value}."
 

@@ -134,7 +134,12 @@ def split_instructions(text: str) -> Instructions:
     pairs = [m.groups() for ln in lines if (m := _KEY_VALUE.match(ln)) and not re.match(r"^(?:note|facts?)$", m.group(1), re.I)]
     prose = " ".join(ln for ln in lines if not _KEY_VALUE.match(ln) and not ln.endswith(":"))
     intro, rules, facts = [], [], [(k.strip(), v.strip().rstrip(".")) for k, v in pairs]
+    lead = ""  # a question that leads into the next sentence ("Arriving after hours? Use the drop box.") is part of it
     for s in sentences(prose):
+        if s.endswith("?"):
+            lead += s + " "
+            continue
+        s, lead = lead + s, ""
         if _INTRO.search(s):
             intro.append(s)
             if _has_content(s):

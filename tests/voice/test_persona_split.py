@@ -82,3 +82,24 @@ def test_subject_is_what_a_fact_is_about():
     assert subject("", "Check-out is by 11 AM") == "Check-out"
     assert subject("", "Guests can park in our garage for $18 a night") == "Guests"
     assert subject("", "Is it free") == "Is it free"  # no words before the verb: the sentence itself
+
+
+def test_a_question_in_the_instructions_leads_into_the_sentence_after_it():
+    facts = split_instructions("You are Sam, the assistant for Pine Hollow Campground. Arriving after hours? Use the drop "
+                               "box by the gate. Tent sites are $28 a night. Any questions?").facts
+    texts = [v for _, v in facts]
+    assert "Arriving after hours? Use the drop box by the gate" in texts
+    assert not [t for t in texts if t.endswith("?")]  # no question stands as a fact
+
+
+@pytest.mark.parametrize("sentence, answer", [
+    ("Your hosts are Walt and Bev Harper.", "Your hosts are Walt and Bev Harper."),
+    ("Everybody's favorite is Big Mabel.", "Everybody's favorite is Big Mabel."),
+    ("No late fees are charged on children's books.", "No late fees are charged on children's books."),
+    ("The owner is Maria.", "The owner is Maria."),
+    ("Croissant costs 2 dollars.", "The croissant costs 2 dollars."),
+])
+def test_a_fact_sentence_is_said_back_without_an_article_before_a_determiner(sentence, answer):
+    from voice.llm import _answer, _sentence_fact
+
+    assert _answer(*_sentence_fact(sentence)) == answer
