@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,13 +192,23 @@ _ONE_AS_PRONOUN = frozenset("the that this other which each every any no another
                             "blue red green white black right left cheaper bigger smaller".split())
 
 
+#: Words that hold the floor while the speaker looks something up or makes up their mind: what follows them is the turn
+#: ("Let me think, I'll take the rye.", "Hold on, my card number is ..."); the issue names "let me think" beside dictation.
+_HOLDING = re.compile(r"\b(?:let me (?:think|see|check|look|find)(?: (?:about )?(?:it|that|this))?|give me (?:a|one) "
+                      r"(?:sec|second|moment|minute)|(?:just|wait|hang on|hold on) a (?:sec|second|moment|minute)|hold on|"
+                      r"hang on|one (?:sec|second|moment)|bear with me)$")
+
+
 def dictating(text: str) -> bool:
     """The heard text stops where dictation goes on: after a number ("My number is 555 1234", "twelve"), a letter
-    spelled ("K, O, W"), or a comma; a question mark (Whisper heard a question's rise) is not dictation."""
+    spelled ("K, O, W"), a comma, or words that hold the floor ("Let me think about it.", "Hold on."); a question mark
+    (Whisper heard a question's rise) is not dictation."""
     t = text.strip()
     if not t or t.endswith("?"):
         return False
     if t.endswith(","):
+        return True
+    if _HOLDING.search(" ".join(re.sub(r"[^a-z' ]", " ", t.lower()).split())):
         return True
     words = t.rstrip(".!;:-").split()
     word = (words[-1:] or [""])[0].strip("\"'()").lower()
@@ -223,7 +234,7 @@ class TurnEndPolicy:
     A confident end on fewer than ``min_words`` words waits the middle silence instead (rule
     "short"): a turn often opens with one word and a comma's pause ("Hi, what time do you open?",
     "Sorry, who owns it?"), which heard alone is a whole greeting.  So does one that stops on a number, a spelled
-    letter or a comma (rule "dictation", ``dictating``): "My number is 555," is as often half a number as a whole
+    letter, a comma or words that hold the floor (rule "dictation", ``dictating``): "My number is 555," is as often half a number as a whole
     one."""
 
     eagerness: str = "medium"

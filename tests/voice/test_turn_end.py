@@ -145,6 +145,17 @@ def test_dictation_is_never_closed_at_a_pause_of_800_ms_unless_the_head_is_sure(
     assert old.decide(head(0.3), "Hello there") == Decision(800, "unsure")
 
 
+def test_words_that_hold_the_floor_are_dictation():
+    """"Let me think" (the issue names it beside dictation), "hold on", "give me a second": what follows is the turn."""
+    for text in ("Let me think about it.", "Hmm, let me see.", "Hold on.", "Give me a second.", "Okay, one moment.",
+                 "Just a sec", "Bear with me."):
+        assert dictating(text), text
+    for text in ("Let me know.", "Let me think about the price?", "I want to hold on to it.", "Wait for me outside."):
+        assert not dictating(text), text
+    head = lambda p: TurnEndScore(p_end=p, p_token=0.0, source="head")  # noqa: E731
+    assert TurnEndPolicy().decide(head(0.9), "Let me think about it.") == Decision(EAGERNESS["medium"][1], "dictation")
+
+
 def test_scoring_leaves_the_answers_prefix_in_the_cache(scorer):
     g: Generator = scorer.generator
     text = "What time do you open tomorrow morning?"
