@@ -124,3 +124,14 @@ def test_a_request_no_business_answers_is_declined_though_it_shares_a_word_with_
 def test_questions_about_the_business_are_not_taken_for_requests_it_cannot_answer(question, expected):
     shop = Persona.from_instructions(SHOP)
     assert expected in " ".join(found(shop, question))
+
+
+@pytest.mark.parametrize("question", ["Are you open on Sunday?", "What about Sunday afternoon?",
+                                      "Can I come by on a Sunday?"])
+@kind(ENGINES)
+def test_the_fact_that_names_the_day_asked_about_comes_first(question):
+    library = Persona.from_instructions(
+        "You are Theo, the assistant for the Eastbrook Library at 14 Orchard Lane. The library is open Monday through "
+        "Thursday from 9 AM to 8 PM and Friday and Saturday from 10 AM to 5 PM. It is closed on Sundays and public "
+        "holidays. Library cards are free for residents.")
+    assert "Sundays" in found(library, question)[0]
