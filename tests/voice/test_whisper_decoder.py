@@ -227,6 +227,23 @@ def test_with_an_initial_prompt_ours_decodes_as_ctranslate2_does(pair):
     assert ours.transcribe(np.zeros(ASR_RATE, np.float32), prompt=vocabulary).text == ""  # silence stays silence
 
 
+def test_clicks_under_the_vocabulary_prompt_are_no_speech(pair):
+    """The prompt lowers Whisper's no-speech probability for a noise: the clicks before a question in
+    samples/noisy_03_open_clicks.wav (0.47-0.58) were written as words and answered as a turn; under the prompt the
+    threshold is ``PROMPTED_NO_SPEECH``, and the question after the clicks is still heard."""
+    from voice.asr import PROMPTED_NO_SPEECH
+
+    ours, ref = pair
+    vocabulary = "Bright Bakery. Harbor Street, Sourdough loaf, Croissant, Maria."
+    audio = load(SAMPLES / "noisy_03_open_clicks.wav")
+    for a, b in ((0.0, 1.2), (0.6, 1.45)):  # clicks only (the question starts at 1.5 s)
+        clicks = audio[int(a * ASR_RATE):int(b * ASR_RATE)]
+        assert ours.transcribe(clicks, prompt=vocabulary).text == "", (a, b)
+        assert ref.transcribe(clicks, prompt=vocabulary).text == "", (a, b)
+    assert words(ours.transcribe(audio, prompt=vocabulary).text) == ["what", "time", "do", "you", "open"]
+    assert ours.no_speech_threshold > PROMPTED_NO_SPEECH
+
+
 def test_a_multilingual_model_decodes_english_as_ctranslate2_does():
     """base (OpenAI's multilingual model, from its packages): <|en|><|transcribe|> after <|startoftranscript|>, the
     no-speech probability read at <|startoftranscript|> (two tokens before the end of the prompt), the same words as
