@@ -72,7 +72,7 @@ def main() -> None:
             scorer = TurnEndScorer(gen, TurnEndHead.load(head_path))
             took = []
 
-            def decide(text: str):
+            def decide(text: str, scorer=scorer, took=took):
                 t = time.perf_counter()
                 score = scorer.score(ctx, text)
                 took.append((time.perf_counter() - t) * 1000)
