@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -303,14 +304,14 @@ class FactIndex:
         return hits
 
 
-_off_topic: dict[int, np.ndarray] = {}
+_off_topic: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def off_topic_vectors(model) -> np.ndarray:
-    """``OFF_TOPIC_PROTOTYPES`` embedded by ``model`` (once per model)."""
-    v = _off_topic.get(id(model))
+    """``OFF_TOPIC_PROTOTYPES`` embedded by ``model`` (once per model, kept as long as the model lives)."""
+    v = _off_topic.get(model)
     if v is None:
-        v = _off_topic[id(model)] = model.embed(list(OFF_TOPIC_PROTOTYPES))
+        v = _off_topic[model] = model.embed(list(OFF_TOPIC_PROTOTYPES))
     return v
 
 
