@@ -255,6 +255,19 @@ def once(text: str) -> str:
 #: utterances of the own, held-apart and human sets score at most 0.22.
 PROMPTED_NO_SPEECH = 0.35
 
+#: The text tokens that, coming again right after a sentence's end, mean the decoder started the utterance over
+#: (``whisper_decoder.greedy``'s ``starts_over``).  Under the vocabulary prompt tiny.en looped "Go forward 10 meters."
+#: (a person, pocketsphinx's test data) to the length limit in its 8 s window; taken as degenerate, the turn went
+#: unscored at the pause and its final transcription fell back to the 30 s window: 1 s of silence waited and ~600 ms
+#: of transcription.  Three tokens: " Go forward 10" again after the ".".
+STARTS_OVER = 3
+
+
+def sentence_end_tokens(tokenizer) -> frozenset[int]:
+    """The ids of the text tokens that end a sentence (whose text ends with ".", "?" or "!")."""
+    vocab = tokenizer.tokenizer.get_vocab()
+    return frozenset(i for piece, i in vocab.items() if i < tokenizer.eot and piece.rstrip().endswith((".", "?", "!")))
+
 
 class WhisperTranscriber:
     """``Transcriber`` on faster-whisper's model, with a feature window sized to the utterance.
@@ -320,6 +333,7 @@ class WhisperTranscriber:
 
             self.decoder = _shared.decoder.fork() if _shared is not None and _shared.decoder else Decoder(path / "model.bin")
             self._blank = self.tokenizer.encode(" ") + [self.tokenizer.eot]
+            self._sentence_ends = sentence_end_tokens(self.tokenizer)
 
     def another(self) -> WhisperTranscriber:
         """A second, independent instance with the same model and settings (its own CTranslate2 threads and
@@ -411,7 +425,7 @@ class WhisperTranscriber:
             g = greedy(self.decoder, prompt, max_new, eot=tk.eot, ts_begin=tk.timestamp_begin,
                        no_timestamps=tk.no_timestamps, no_speech=tk.no_speech, blank=self._blank,
                        suppress=self._suppress, max_initial_timestamp=50, logprob_below=self._no_speech_threshold(),
-                       no_speech_at=sot_at)
+                       no_speech_at=sot_at, starts_over=STARTS_OVER, sentence_ends=self._sentence_ends)
             return self._result(g.tokens, g.no_speech_prob, g.sum_logprob / (len(g.tokens) + 1), not g.ended,
                                 audio_s, window_s)
         result = self.model.model.generate(

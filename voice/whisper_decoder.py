@@ -297,6 +297,8 @@ class Greedy:
     sum_logprob: float  # of every chosen token, the end token included
     no_speech_prob: float
     ended: bool  # the end token came before the length limit
+    #: the text started over after a sentence's end (``greedy``'s ``starts_over``): ``tokens`` end before the copy
+    restarted: bool = False
 
 
 #: Per layer: the packed products of a step, in the step's order, by their CTranslate2 names.
@@ -507,13 +509,20 @@ def _softmax_at(logits, index):
 
 def greedy(dec: Decoder, prompt: list[int], max_new: int, *, eot: int, ts_begin: int, no_timestamps: int,
            no_speech: int, blank: list[int], suppress: list[int], max_initial_timestamp: int = 50,
-           logprob_below: float = 1.0, no_speech_at: int = -1) -> Greedy:
+           logprob_below: float = 1.0, no_speech_at: int = -1, starts_over: int = 0,
+           sentence_ends: frozenset[int] = frozenset()) -> Greedy:
     """Greedy decoding from ``prompt`` (the encoder output already in ``dec.start``) with Whisper's timestamp
     rules, at most ``max_new`` tokens. The no-speech probability is read after the prompt's token at
     ``no_speech_at`` (``<|startoftranscript|>``: the last one unless a multilingual model's language and task, or
     nothing but an initial prompt before it, follow). The tokens' log-probability (a softmax over the vocabulary each
     step) is summed only when the no-speech probability is at least ``logprob_below`` (it decides silence only
-    together with it); ``Greedy.sum_logprob`` is NaN otherwise."""
+    together with it); ``Greedy.sum_logprob`` is NaN otherwise.
+
+    ``starts_over`` (> 0): stop where the text starts over, its first ``starts_over`` text tokens (timestamps aside)
+    coming again right after a token of ``sentence_ends`` ("Go forward 10 meters. Go forward 10 ..."): under an initial
+    prompt a short window often loops on the one sentence it heard until the length limit.  The copy is dropped and
+    the decode counts as ended (``Greedy.restarted``).  A speaker's own restart rarely follows a sentence's end ("I'd
+    like, I'd like a coffee"), and a sentence said twice is one turn's words either way."""
     sup = np.asarray(suppress, np.int64)
     blank_ids = np.asarray(blank, np.int64)
     sampled = np.zeros(max_new + 1, np.int64)
@@ -528,7 +537,8 @@ def greedy(dec: Decoder, prompt: list[int], max_new: int, *, eot: int, ts_begin:
     pos = len(prompt)
     total = 0.0 if no_speech_prob >= logprob_below else math.nan
     n = 0
-    ended = False
+    ended = restarted = False
+    text_at: list[int] = []  # where each text token (no timestamp) is in ``sampled``
     while n < max_new:
         _rules(logits, sampled, n, n == 0, ts_begin, eot, no_timestamps, blank_ids, max_initial_timestamp, sup)
         tok = int(np.argmax(logits))
@@ -539,8 +549,16 @@ def greedy(dec: Decoder, prompt: list[int], max_new: int, *, eot: int, ts_begin:
             break
         sampled[n] = tok
         n += 1
+        if starts_over and tok < ts_begin:
+            text_at.append(n - 1)
+            k = len(text_at) - starts_over  # where the copy would begin
+            if k >= starts_over and int(sampled[text_at[k - 1]]) in sentence_ends and all(
+                    sampled[text_at[k + i]] == sampled[text_at[i]] for i in range(starts_over)):
+                n = text_at[k]
+                ended = restarted = True
+                break
         if pos >= dec.n_ctx:
             break
         logits = dec.step(tok, pos)
         pos += 1
-    return Greedy([int(t) for t in sampled[:n]], total, no_speech_prob, ended)
+    return Greedy([int(t) for t in sampled[:n]], total, no_speech_prob, ended, restarted)

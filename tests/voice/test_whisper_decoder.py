@@ -244,6 +244,36 @@ def test_clicks_under_the_vocabulary_prompt_are_no_speech(pair):
     assert ours.no_speech_threshold > PROMPTED_NO_SPEECH
 
 
+def test_a_decode_that_starts_over_ends_at_the_first_copy(pair, monkeypatch):
+    """Under the vocabulary prompt tiny.en hears a person's "go forward ten meters" (pocketsphinx's test data) and then
+    writes it again and again to the length limit; the decode stops where the text starts over after the sentence's
+    end, keeps the first copy, and counts as ended: no fallback to the 30 s window, a transcript at the pause."""
+    import voice.asr
+    import voice.whisper_decoder
+
+    ours, _ = pair
+    vocabulary = "Bright Bakery. Harbor Street, Sourdough loaf, Croissant, Maria."
+    audio = load(SAMPLES / "heldout" / "human" / "pocketsphinx_data_goforward.flac")[: int(2.67 * ASR_RATE)]
+    decodes = []
+
+    def recorded(*args, **kw):
+        decodes.append(greedy(*args, **kw))
+        return decodes[-1]
+
+    monkeypatch.setattr(voice.whisper_decoder, "greedy", recorded)
+    monkeypatch.setattr(voice.asr, "STARTS_OVER", 0)  # without the stop: the loop, and a speculative pass given up
+    heard = ours.transcribe(audio, prompt=vocabulary, speculative=True)
+    assert heard.retry and ours.last_fallback == "no end token"
+    assert not decodes[-1].ended and words(ours.tokenizer.decode(decodes[-1].tokens)).count("forward") >= 3
+    monkeypatch.undo()
+    monkeypatch.setattr(voice.whisper_decoder, "greedy", recorded)
+    heard = ours.transcribe(audio, prompt=vocabulary, speculative=True)
+    assert words(heard.text) == ["go", "forward", "10", "meters"] and not heard.retry and ours.last_fallback is None
+    assert decodes[-1].ended and decodes[-1].restarted
+    tk = ours.tokenizer
+    assert tk.encode(".")[0] in ours._sentence_ends and tk.encode(" Go")[0] not in ours._sentence_ends
+
+
 def test_a_multilingual_model_decodes_english_as_ctranslate2_does():
     """base (OpenAI's multilingual model, from its packages): <|en|><|transcribe|> after <|startoftranscript|>, the
     no-speech probability read at <|startoftranscript|> (two tokens before the end of the prompt), the same words as
