@@ -333,7 +333,8 @@ class WhisperTranscriber:
 
             self.decoder = _shared.decoder.fork() if _shared is not None and _shared.decoder else Decoder(path / "model.bin")
             self._blank = self.tokenizer.encode(" ") + [self.tokenizer.eot]
-            self._sentence_ends = sentence_end_tokens(self.tokenizer)
+            #: the text tokens that end a sentence (where a decode that starts over is caught: ``STARTS_OVER``)
+            self.sentence_ends = sentence_end_tokens(self.tokenizer)
 
     def another(self) -> WhisperTranscriber:
         """A second, independent instance with the same model and settings (its own CTranslate2 threads and
@@ -425,7 +426,7 @@ class WhisperTranscriber:
             g = greedy(self.decoder, prompt, max_new, eot=tk.eot, ts_begin=tk.timestamp_begin,
                        no_timestamps=tk.no_timestamps, no_speech=tk.no_speech, blank=self._blank,
                        suppress=self._suppress, max_initial_timestamp=50, logprob_below=self._no_speech_threshold(),
-                       no_speech_at=sot_at, starts_over=STARTS_OVER, sentence_ends=self._sentence_ends)
+                       no_speech_at=sot_at, starts_over=STARTS_OVER, sentence_ends=self.sentence_ends)
             return self._result(g.tokens, g.no_speech_prob, g.sum_logprob / (len(g.tokens) + 1), not g.ended,
                                 audio_s, window_s)
         result = self.model.model.generate(

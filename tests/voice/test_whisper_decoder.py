@@ -271,7 +271,7 @@ def test_a_decode_that_starts_over_ends_at_the_first_copy(pair, monkeypatch):
     assert words(heard.text) == ["go", "forward", "10", "meters"] and not heard.retry and ours.last_fallback is None
     assert decodes[-1].ended and decodes[-1].restarted
     tk = ours.tokenizer
-    assert tk.encode(".")[0] in ours._sentence_ends and tk.encode(" Go")[0] not in ours._sentence_ends
+    assert tk.encode(".")[0] in ours.sentence_ends and tk.encode(" Go")[0] not in ours.sentence_ends
 
 
 def test_a_multilingual_model_decodes_english_as_ctranslate2_does():
