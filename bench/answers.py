@@ -284,7 +284,8 @@ SET_NOTES = {"own": "the bakery, dentist and bike personas written with the grou
              "heldout4": "prose personas written at 02:00, before the last changes, run once at the end (bench/personas/heldout4)",
              "heldout5": "prose personas by a helper who never read the retrieval code (bench/personas/heldout5)",
              "heldout6": "prose personas by a helper who never read the retrieval code (bench/personas/heldout6)",
-             "heldout7": "prose personas by a helper who never read the retrieval code, run once at the end (bench/personas/heldout7)"}
+             "heldout7": "prose personas by a helper who never read the retrieval code, run once at the end (bench/personas/heldout7)",
+             "heldout8": "prose personas by a helper who never read the retrieval code, written after 80b2f29 (bench/personas/heldout8)"}
 
 
 def load_spec(path: Path) -> PersonaSpec:
@@ -558,7 +559,7 @@ def _fmt(v, spec=".2f"):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", default="own", choices=list(SET_NOTES),
-                    help="the personas: own (default), dev, or a held-apart one, heldout..heldout7 (bench/personas/<set>; the "
+                    help="the personas: own (default), dev, or a held-apart one, heldout..heldout8 (bench/personas/<set>; the "
                          "held-apart ones never used to tune)")
     ap.add_argument("--persona", action="append", help="run only this persona of the set (repeatable; default: all)")
     ap.add_argument("--build", choices=["instructions", "facts"], default="instructions",
