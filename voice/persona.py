@@ -10,7 +10,9 @@ Inn. Check-in begins at 3 PM and check-out is by 11 AM. ... Keep answers short."
   which are no facts;
 - ``facts``: every other sentence, cut further into clauses where a sentence states two things each with its own
   subject ("Check-in begins at 3 PM and check-out is by 11 AM." -> two facts), so that the fact shown with a
-  question says one thing; ``key: value`` lines stay pairs.
+  question says one thing; ``key: value`` lines stay pairs, and so does each ``key: value`` sentence of a paragraph
+  that runs several together ("Address: 1400 Industrial Parkway. Hours: ..."); a ``Role:`` is the intro, a ``Style:``
+  a rule.
 
 Plain text rules, no word lists about businesses: what a fact *means* is left to ``voice.retrieval``.
 """
@@ -42,7 +44,7 @@ _NO_SUBJECT = re.compile(r"^(?:is|are|was|were|has|have|costs?|runs?|opens?|clos
                          r"which|who|where|because|since|after|before|as|though|although|including)\b", re.I)
 #: A capital letter after these is a unit's or a room's letter ("Unit B."), not an initial: its dot may end a sentence.
 _LETTERED = frozenset("unit suite building room gate door floor level hall block lot wing section plan grade type".split())
-_KEY_VALUE = re.compile(r"^[-*\u2022]?\s*([A-Za-z][\w '&/-]{0,40}?)\s*:\s*(\S.*?)\.?$")
+_KEY_VALUE = re.compile(r"^[-*\u2022]?\s*([A-Za-z][\w '&/-]{0,40}?)\s*:(?!\d)\s*(\S.*?)\.?$")  # (not "at 9:00")
 _NAME = re.compile(r"\b(?:of|for|at|from|called|named)\s+(?:the\s+)?((?:[A-Z][\w'&-]*)(?:\s+(?:[A-Z][\w'&-]*|&|(?:and|of)(?=\s+[A-Z])))*)")
 _FIRST_PERSON = ((r"\byou are\b", "I am"), (r"\byou're\b", "I'm"), (r"\byour\b", "my"), (r"\byou\b", "I"))
 
@@ -130,10 +132,20 @@ def business_name(text: str) -> str:
 
 def split_instructions(text: str) -> Instructions:
     """``text`` as intro, rules and facts (see the module's docstring)."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    pairs = [m.groups() for ln in lines if (m := _KEY_VALUE.match(ln)) and not re.match(r"^(?:note|facts?)$", m.group(1), re.I)]
-    prose = " ".join(ln for ln in lines if not _KEY_VALUE.match(ln) and not ln.endswith(":"))
-    intro, rules, facts = [], [], [(k.strip(), v.strip().rstrip(".")) for k, v in pairs]
+    lines = [part for ln in text.strip().splitlines() if ln.strip() for part in _inline_pairs(ln.strip())]
+    pairs = [m.groups() for ln in lines if (m := _KEY_VALUE.match(ln)) and not _NOT_A_KEY.match(m.group(1))]
+    prose = " ".join(ln for ln in lines if not (m := _KEY_VALUE.match(ln)) or _NOT_A_KEY.match(m.group(1))
+                     if not ln.endswith(":"))
+    intro, rules, facts = [], [], []
+    for k, v in pairs:
+        k, v = k.strip(), v.strip().rstrip(".")
+        if _ROLE_KEY.match(k):  # "Role: phone assistant for Thunder Lanes." says who the assistant is
+            article = "" if v[:1].isupper() or re.match(r"(?:a|an|the|my|your)\b", v, re.I) else "the "
+            intro.append(f"You are {article}{v}.")
+        elif _STYLE_KEY.match(k):  # "Style: upbeat, short answers." says how to talk
+            rules.append(f"{k}: {v}.")
+        else:
+            facts.append((k, v))
     lead = ""  # a question that leads into the next sentence ("Arriving after hours? Use the drop box.") is part of it
     for s in sentences(prose):
         if s.endswith("?"):
@@ -149,6 +161,30 @@ def split_instructions(text: str) -> Instructions:
         else:
             facts += [("", c.rstrip(".")) for c in clauses(s)]
     return Instructions(intro=" ".join(intro), rules=tuple(rules), facts=tuple(facts), name=business_name(text))
+
+
+#: What opens a line as a key does but names no fact: "Note: pets are welcome." is a sentence, "Facts:" a heading.
+_NOT_A_KEY = re.compile(r"^(?:note|facts?)$", re.I)
+#: Keys of a ``key: value`` pair that say who the assistant is, and how it should talk: no facts.
+_ROLE_KEY = re.compile(r"^(?:role|persona|identity|assistant|agent|you are)$", re.I)
+_STYLE_KEY = re.compile(r"^(?:style|tone|voice|manner|rules?|guidelines?|instructions?|behaviou?r|personality|"
+                        r"answers?|replies|format)$", re.I)
+
+
+def _inline_pairs(line: str) -> list[str]:
+    """A line that runs several ``key: value`` statements together ("Role: phone assistant for Thunder Lanes. Address:
+    1400 Industrial Parkway. Hours: ...": how many write a whole persona in one paragraph) as its sentences, each a line
+    of its own (a key's value is its one sentence, the sentences after it are prose); any other line as it is (a single
+    ``key: value`` line keeps every sentence of its value)."""
+    parts = [part.strip() for part in _NEXT_KEY.split(line) if part.strip()]
+    if sum(bool(_KEY_VALUE.match(p)) for p in parts) < 2:
+        return [line]
+    return [s for part in parts for s in sentences(part)]  # a key's value is its sentence; what follows is prose
+
+
+#: Where a sentence that opens with a key of its own follows the one before: ". Hours: ..." (not "9:00", whose colon
+#: has no space after it).
+_NEXT_KEY = re.compile(r"(?<=[.;!?])\s+(?=[A-Z][\w'&/-]*(?: [\w'&/()+-]+){0,4}\s*:\s)")
 
 
 def _has_content(intro_sentence: str) -> bool:

@@ -103,3 +103,29 @@ def test_a_fact_sentence_is_said_back_without_an_article_before_a_determiner(sen
     from voice.llm import _answer, _sentence_fact
 
     assert _answer(*_sentence_fact(sentence)) == answer
+
+
+def test_a_paragraph_of_key_value_sentences_is_split_into_pairs():
+    """One paragraph running "Key: value." statements together (heldout8's bowling alley: before, the whole paragraph
+    was one fact keyed "Role"); a Role is who the assistant is, a Style how it talks; a plain sentence between the keys
+    is a fact of its own, not part of the key before it."""
+    text = ("Role: phone assistant for Thunder Lanes Bowling Center. Address: 1400 Industrial Parkway. Hours: Monday "
+            "3 PM to 10 PM; Tuesday closed. Games: $6.50 per person per game. Closed on Christmas Day. Shoe rental: $4. "
+            "Manager: Darnell Okafor. Style: upbeat, short answers.")
+    got = split_instructions(text)
+    assert got.intro == "You are the phone assistant for Thunder Lanes Bowling Center."
+    assert got.rules == ("Style: upbeat, short answers.",)
+    assert got.facts == (("Address", "1400 Industrial Parkway"), ("Hours", "Monday 3 PM to 10 PM; Tuesday closed"),
+                         ("Games", "$6.50 per person per game"), ("Shoe rental", "$4"), ("Manager", "Darnell Okafor"),
+                         ("", "Closed on Christmas Day"))
+    assert got.name == "Thunder Lanes Bowling Center"
+    # a single key line keeps every sentence of its value, as before
+    assert split_instructions("Hours: Mon 9-5. Sat 10-2.").facts == (("Hours", "Mon 9-5. Sat 10-2"),)
+
+
+def test_a_time_or_a_note_is_not_a_key():
+    """"at 9:00" is no "key: value" (its colon has no space after it), and "Note: ..." is a sentence, kept as a fact."""
+    assert split_instructions("We open at 9:00 a.m. daily. Our owner is Dr. Lee.").facts == (
+        ("", "We open at 9:00 a.m. daily"), ("", "Our owner is Dr. Lee"))
+    got = split_instructions("You are Ava at the Harborview Inn. Note: pets are welcome. Parking: free.")
+    assert ("", "Note: pets are welcome") in got.facts
