@@ -41,7 +41,11 @@ _VERB = re.compile(r"\b(?:is|are|was|were|has|have|costs?|runs?|opens?|closes?|s
 _NO_SUBJECT = re.compile(r"^(?:is|are|was|were|has|have|costs?|runs?|opens?|closes?|starts?|begins?|ends?|takes?|comes?|"
                          r"gets?|offers?|accepts?|serves?|sees?|delivers?|includes?|can|will|must|needs?|lasts?|stays?|"
                          r"then|also|so|not|from|to|on|at|in|by|for|with|until|till|or|plus|bring|just|except|unless|when|if|"
-                         r"which|who|where|because|since|after|before|as|though|although|including)\b", re.I)
+                         r"which|who|where|because|since|after|before|as|though|although|including|"
+                         r"over|under|older|younger|above|below)\b", re.I)  # "Patients aged 65 and over are charged ..."
+#: A clause that opens with a participle in small letters has no subject of its own either: "A dress shirt washed and
+#: pressed is $3.50" ("Haunted Library is ..." names a room).
+_PARTICIPLE = re.compile(r"^[a-z]{2,}[^e\W]ed\b")
 #: A capital letter after these is a unit's or a room's letter ("Unit B."), not an initial: its dot may end a sentence.
 _LETTERED = frozenset("unit suite building room gate door floor level hall block lot wing section plan grade type".split())
 _KEY_VALUE = re.compile(r"^[-*\u2022]?\s*([A-Za-z][\w '&/-]{0,40}?)\s*:(?!\d)\s*(\S.*?)\.?$")  # (not "at 9:00")
@@ -85,7 +89,14 @@ def sentences(text: str) -> list[str]:
 
 def _has_subject_and_verb(clause: str) -> bool:
     words = clause.split()
-    return len(words) >= 3 and not _NO_SUBJECT.match(clause) and bool(_VERB.search(" ".join(words[1:])))
+    return (len(words) >= 3 and not _NO_SUBJECT.match(clause) and not _PARTICIPLE.match(clause)
+            and bool(_VERB.search(" ".join(words[1:]))))
+
+
+#: A piece that opens a condition or a time ("so if anything needs sorting out, folks can ask for me"): the clause
+#: after its comma completes it.
+_CONDITION = re.compile(r"^(?:(?:and|but|so|or)\s+)?(?:if|when|whenever|unless|once|because|since|although|though|"
+                        r"as soon as|before|after|until)\b", re.I)
 
 
 def clauses(sentence: str) -> list[str]:
@@ -100,7 +111,8 @@ def clauses(sentence: str) -> list[str]:
         glued: list[str] = []
         seps = re.findall(r",?\s+(?:and|but|while|whereas)\s+|,\s+", part)
         for i, piece in enumerate(pieces):
-            if glued and not (_has_subject_and_verb(piece) and _has_subject_and_verb(glued[-1])):
+            after_condition = i > 0 and seps[i - 1].startswith(",") and bool(_CONDITION.match(pieces[i - 1]))
+            if glued and (after_condition or not (_has_subject_and_verb(piece) and _has_subject_and_verb(glued[-1]))):
                 glued[-1] += seps[i - 1] + piece
             else:
                 glued.append(piece)

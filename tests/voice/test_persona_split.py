@@ -129,3 +129,17 @@ def test_a_time_or_a_note_is_not_a_key():
         ("", "We open at 9:00 a.m. daily"), ("", "Our owner is Dr. Lee"))
     got = split_instructions("You are Ava at the Harborview Inn. Note: pets are welcome. Parking: free.")
     assert ("", "Note: pets are welcome") in got.facts
+
+
+@pytest.mark.parametrize("sentence, parts", [
+    # a participle or "over" after "and" continues the subject, and a condition's comma is no clause's end
+    ("A dress shirt washed and pressed is $3.50.", ["A dress shirt washed and pressed is $3.50."]),
+    ("Patients aged 65 and over are charged $70 per session.", ["Patients aged 65 and over are charged $70 per session."]),
+    ("I'm Tom, the owner, so if anything needs sorting out, folks can ask for me.",
+     ["I'm Tom, the owner, so if anything needs sorting out, folks can ask for me."]),
+    # still two facts: a name that looks like a participle, a short noun ending in -ed
+    ("Bank Heist is the easiest, Haunted Library is in the middle.", ["Bank Heist is the easiest.", "Haunted Library is in the middle."]),
+    ("Bed linens are included and towels are extra.", ["Bed linens are included.", "Towels are extra."]),
+])
+def test_clauses_keep_a_subject_with_its_verb(sentence, parts):
+    assert clauses(sentence) == parts
