@@ -28,7 +28,8 @@ _ABBREVIATIONS = frozenset("dr mr mrs ms mx prof st jr sr vs e.g i.e etc approx 
 _TIME_DOTS = frozenset({"a.m", "p.m"})
 #: How a sentence that tells the assistant how to behave starts (an imperative, or a rule about the answers).
 _RULE = re.compile(r"^(?:please\s+)?(?:be|keep|answer|talk|speak|respond|reply|use|avoid|don't|do not|never|always|make sure|"
-                   r"remember|stay|sound|greet|try|refer|act|only|politely|kindly|feel free)\b|"
+                   r"remember|stay|sound|greet|try|refer|act|only|politely|kindly|feel free|assist|address)\b|"
+                   r"^(?:all\s+)?(?:responses|answers|replies)\s+(?:should|must|need|have to)\b|"
                    r"\b(?:your (?:answers|replies|responses|tone)|you (?:should|must|may not|never|always))\b", re.I)
 #: A sentence saying who the assistant is.
 _INTRO = re.compile(r"^(?:you are|you're|you answer|you work|you handle|you take|your name is|"

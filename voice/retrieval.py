@@ -66,7 +66,7 @@ ANSWER_TYPES = {
                r"\b(?:Dr|Mr|Mrs|Ms)\.\s+[A-Z]|\b(?:is|by|are)\s+[A-Z][a-z]+(?:\s+[A-Z][a-z]+)?(?:[.,]|$)"),
     "price": (r"\bhow much\b|\bcost|\bprice|\bcharge|\bfee\b|\bpay\b|\brate\b|\bexpensive|\bcheap",
               r"\$\s?\d|\b\d+(?:\.\d+)?\s*(?:dollars?|euros?|pounds?|cents?|percent)\b|\bfree\b|\bhalf price\b"),
-    "time": (r"\bwhen\b|\bwhat time\b|\bhow (?:late|early)\b|\buntil\b",
+    "time": (r"\bwhen\b|\bwhat time\b|\bhow (?:late|early)\b|\buntil\b|\b(?:the )?(?:latest|earliest)\b",
              r"\b\d{1,2}(?::\d\d)?\s*(?:am|pm|a\.m|p\.m)\b|\b\d{1,2}:\d\d\b|\bnoon\b|\bmidnight\b|"
              r"\b(?:morning|evening)\b|\b\d{1,2}\s+to\s+\d{1,2}\b"),
     "duration": (r"\bhow long\b|\bhow soon\b|\bhow quickly\b",

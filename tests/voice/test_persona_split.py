@@ -143,3 +143,14 @@ def test_a_time_or_a_note_is_not_a_key():
 ])
 def test_clauses_keep_a_subject_with_its_verb(sentence, parts):
     assert clauses(sentence) == parts
+
+
+def test_sentences_about_how_to_answer_are_rules_not_facts():
+    """A formal persona's "Please assist callers ..." and "Responses should be formal ..." are how to talk: offered as
+    facts they were shown with questions they do not answer (heldout8's physiotherapy clinic)."""
+    got = split_instructions("You are the virtual receptionist for Harbourside Physiotherapy Clinic. Please assist callers "
+                             "courteously using the following information. Follow-up sessions cost $85. Responses should "
+                             "be formal and concise.")
+    assert got.rules == ("Please assist callers courteously using the following information.",
+                         "Responses should be formal and concise.")
+    assert got.facts == (("", "Follow-up sessions cost $85"),)

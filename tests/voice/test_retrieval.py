@@ -135,3 +135,11 @@ def test_the_fact_that_names_the_day_asked_about_comes_first(question):
         "Thursday from 9 AM to 8 PM and Friday and Saturday from 10 AM to 5 PM. It is closed on Sundays and public "
         "holidays. Library cards are free for residents.")
     assert "Sundays" in found(library, question)[0]
+
+
+@pytest.mark.parametrize("question", ["What's the earliest I can pick up my gear?", "What's the latest I could be seen?",
+                                      "How late are you open?", "When do you close?"])
+def test_a_question_for_the_earliest_or_latest_asks_for_a_time(question):
+    from voice.retrieval import question_types
+
+    assert "time" in question_types(question)
