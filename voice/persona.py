@@ -1,7 +1,10 @@
 """What an operator wrote, split into what the assistant is, how it should talk, and the facts it may state.
 
 A Realtime client's ``instructions`` are usually a paragraph ("You are Ava, the front desk agent for the Harborview
-Inn. Check-in begins at 3 PM and check-out is by 11 AM. ... Keep answers short."), sometimes ``key: value`` lines.
+Inn. Check-in begins at 3 PM and check-out is by 11 AM. ... Keep answers short."), sometimes ``key: value`` lines,
+sometimes Markdown sections ("# Role & Objective", "## Hours" and its list, "# Personality & Tone"): headings name a
+section and are no text, each list item is a sentence of its own, a role section's lines are the intro and a tone or
+rules section's lines are rules.
 ``split_instructions`` cuts either into:
 
 - ``intro``: the sentences that say who the assistant is ("You are ...", "This is the voice assistant for ...");
@@ -145,11 +148,18 @@ def business_name(text: str) -> str:
 
 def split_instructions(text: str) -> Instructions:
     """``text`` as intro, rules and facts (see the module's docstring)."""
-    lines = [part for ln in text.strip().splitlines() if ln.strip() for part in _inline_pairs(ln.strip())]
-    pairs = [m.groups() for ln in lines if (m := _KEY_VALUE.match(ln)) and not _NOT_A_KEY.match(m.group(1))]
-    prose = " ".join(ln for ln in lines if not (m := _KEY_VALUE.match(ln)) or _NOT_A_KEY.match(m.group(1))
-                     if not ln.endswith(":"))
     intro, rules, facts = [], [], []
+    lines, aims = [], []
+    for section, line in _sections(text):
+        if section == "role" and not (_INTRO.search(line) or re.search(r"\d", line)):
+            aims.append(_end(line))  # "Help callers book appointments." under "# Role & Objective": after who it is
+        elif section == "style" and (_RULE.search(line) or not re.search(r"\d", line)):
+            rules.append(_end(line))  # (a line with a number in it is a fact, wherever it stands)
+        else:
+            lines += _inline_pairs(line)
+    pairs = [m.groups() for ln in lines if (m := _KEY_VALUE.match(ln)) and not _NOT_A_KEY.match(m.group(1))]
+    prose = " ".join(_end(ln) for ln in lines if not (m := _KEY_VALUE.match(ln)) or _NOT_A_KEY.match(m.group(1))
+                     if not ln.endswith(":"))
     for k, v in pairs:
         k, v = k.strip(), v.strip().rstrip(".")
         if _ROLE_KEY.match(k):  # "Role: phone assistant for Thunder Lanes." says who the assistant is
@@ -173,7 +183,41 @@ def split_instructions(text: str) -> Instructions:
             rules.append(s)
         else:
             facts += [("", c.rstrip(".")) for c in clauses(s)]
-    return Instructions(intro=" ".join(intro), rules=tuple(rules), facts=tuple(facts), name=business_name(text))
+    return Instructions(intro=" ".join(intro + aims), rules=tuple(rules), facts=tuple(facts), name=business_name(text))
+
+
+#: A Markdown heading ("## Hours"), a heading line ("Hours:"), and a list item's mark ("- ", "* ", "1. ").
+_HEADING = re.compile(r"^#{1,6}\s*(.*?)\s*#*$")
+_HEADING_LINE = re.compile(r"^([A-Za-z][\w '&/-]{0,40}):$")
+_BULLET = re.compile(r"^(?:[-*+\u2022]|\d{1,2}[.)])\s+")
+#: Sections whose lines say who the assistant is, or how it should talk (the headings of a Realtime prompt written in
+#: sections: "# Role & Objective", "# Personality & Tone", "# Instructions / Rules", "# Conversation Flow", ...).
+_ROLE_SECTION = re.compile(r"^(?:role|objective|identity|persona|who you are|about you)\b", re.I)
+_STYLE_SECTION = re.compile(r"^(?:personality|tone|style|voice|rules?|instructions?|guidelines?|behaviou?r|conversation|"
+                            r"flow|safety|escalation|language|pacing|pronunciations?|reference pronunciations?|sample|"
+                            r"tools?|format|how to)\b", re.I)
+
+
+def _sections(text: str) -> list[tuple[str, str]]:
+    """``text``'s lines without Markdown's marks, each with the kind of section it stands in: "role", "style" or ""
+    (any other: the business's facts)."""
+    out, section = [], ""
+    for line in text.strip().splitlines():
+        line = line.strip()
+        heading = _HEADING.match(line) or _HEADING_LINE.match(line)
+        if heading:
+            name = heading.group(1).strip("*_ ")
+            section = "role" if _ROLE_SECTION.match(name) else "style" if _STYLE_SECTION.match(name) else ""
+            continue
+        line = _BULLET.sub("", line).strip()
+        if line:
+            out.append((section, line))
+    return out
+
+
+def _end(line: str) -> str:
+    """A line as a sentence: with its full stop (a list item often has none, and the next one would run into it)."""
+    return line if line[-1:] in ".!?:" else line + "."
 
 
 #: What opens a line as a key does but names no fact: "Note: pets are welcome." is a sentence, "Facts:" a heading.

@@ -154,3 +154,36 @@ def test_sentences_about_how_to_answer_are_rules_not_facts():
     assert got.rules == ("Please assist callers courteously using the following information.",
                          "Responses should be formal and concise.")
     assert got.facts == (("", "Follow-up sessions cost $85"),)
+
+
+MARKDOWN = """# Role & Objective
+You are Jo, the phone assistant for Corner Cuts Barbershop.
+Help callers with hours, prices and bookings.
+
+## Hours
+- Monday to Friday: 9am to 6pm
+- Sunday: closed
+
+## Prices
+- Haircut: $25
+- Kids (under 10): $15
+- Walk-ins welcome, but appointments get priority
+
+## Personality & Tone
+- Warm, upbeat, concise
+- Keep answers under 2 sentences.
+"""
+
+
+def test_instructions_written_in_markdown_sections():
+    """A prompt in sections, as the Realtime prompting guides write one: the headings are no facts, a role section is
+    the intro, a tone section's lines are rules (one with a number would stay a fact), and each list item is a sentence
+    of its own (before, the items without a full stop ran together into one "fact" with the headings in it)."""
+    got = split_instructions(MARKDOWN)
+    assert got.name == "Corner Cuts Barbershop"
+    assert got.intro == ("You are Jo, the phone assistant for Corner Cuts Barbershop. "
+                         "Help callers with hours, prices and bookings.")
+    assert got.rules == ("Warm, upbeat, concise.", "Keep answers under 2 sentences.")
+    assert got.facts == (("Monday to Friday", "9am to 6pm"), ("Sunday", "closed"), ("Haircut", "$25"),
+                         ("", "Kids (under 10): $15"), ("", "Walk-ins welcome, but appointments get priority"))
+    assert not any("#" in v for _, v in got.facts)

@@ -143,3 +143,36 @@ def test_a_question_for_the_earliest_or_latest_asks_for_a_time(question):
     from voice.retrieval import question_types
 
     assert "time" in question_types(question)
+
+
+MARKDOWN_SHOP = """# Role & Objective
+You are Jo, the phone assistant for Corner Cuts Barbershop.
+
+# Context
+## Hours
+- Monday to Friday: 9am to 6pm
+- Sunday: closed
+## Prices
+- Haircut: $25
+- Beard trim: $12
+## Policies
+- Walk-ins welcome, but appointments get priority
+- Cancel at least 2 hours ahead
+
+# Personality & Tone
+- Warm and brief.
+"""
+
+
+@pytest.mark.parametrize("question, expected", [("How much is a haircut?", "$25"), ("Can I come in on Sunday?", "closed"),
+                                                ("Do I need to book ahead or can I just walk in?", "Walk-ins welcome"),
+                                                ("How late can I cancel?", "Cancel at least 2 hours ahead")])
+@kind(ENGINES)
+def test_a_persona_written_in_markdown_sections_answers_from_its_lists(question, expected):
+    """Each list item is a fact of its own, with no heading or other item in it (before: the items without a full stop
+    and the headings between them ran together into one fact, which was what the agent said)."""
+    shop = Persona.from_instructions(MARKDOWN_SHOP)
+    assert shop.name == "Corner Cuts Barbershop"
+    got = found(shop, question)
+    assert any(expected in v for v in got), got
+    assert not any("#" in v or "Walk-ins" in v and "Cancel" in v for v in got), got
