@@ -151,8 +151,10 @@ def split_instructions(text: str) -> Instructions:
     intro, rules, facts = [], [], []
     lines, aims = [], []
     for section, line in _sections(text):
-        if section == "role" and not (_INTRO.search(line) or re.search(r"\d", line)):
-            aims.append(_end(line))  # "Help callers book appointments." under "# Role & Objective": after who it is
+        if section == "role":  # "Your goal is to help callers ..." under "# Role & Objective": after who it is
+            said = sentences(line)
+            aims += [_end(x) for x in said if not (_INTRO.search(x) or re.search(r"\d", x))]
+            lines += [x for x in said if _INTRO.search(x) or re.search(r"\d", x)]
         elif section == "style" and (_RULE.search(line) or not re.search(r"\d", line)):
             rules.append(_end(line))  # (a line with a number in it is a fact, wherever it stands)
         else:

@@ -157,7 +157,7 @@ def test_sentences_about_how_to_answer_are_rules_not_facts():
 
 
 MARKDOWN = """# Role & Objective
-You are Jo, the phone assistant for Corner Cuts Barbershop.
+You are Jo, the phone assistant for Corner Cuts Barbershop. Your goal is to book haircuts.
 Help callers with hours, prices and bookings.
 
 ## Hours
@@ -181,7 +181,7 @@ def test_instructions_written_in_markdown_sections():
     of its own (before, the items without a full stop ran together into one "fact" with the headings in it)."""
     got = split_instructions(MARKDOWN)
     assert got.name == "Corner Cuts Barbershop"
-    assert got.intro == ("You are Jo, the phone assistant for Corner Cuts Barbershop. "
+    assert got.intro == ("You are Jo, the phone assistant for Corner Cuts Barbershop. Your goal is to book haircuts. "
                          "Help callers with hours, prices and bookings.")
     assert got.rules == ("Warm, upbeat, concise.", "Keep answers under 2 sentences.")
     assert got.facts == (("Monday to Friday", "9am to 6pm"), ("Sunday", "closed"), ("Haircut", "$25"),
