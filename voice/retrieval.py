@@ -50,7 +50,8 @@ LEAN_WEIGHT = 0.5
 SECOND_WITHIN = 0.03
 #: A question that leans on the previous one: it starts with "and"/"what about"/"how about", or is short and refers back.
 _LEANS_BACK = re.compile(r"^\s*(?:and|also|what about|how about|what of|plus|or)\b|\b(?:it|its|that|this|they|them|those|these|"
-                         r"one|there)\b", re.I)
+                         r"(?:that|this|the|which|other|each|another|same|big|small|cheaper|first|last) ones?|there)\b",
+                         re.I)  # ("that one" leans back; "one hundred" is a number, "Quick one, ..." an idiom)
 
 
 #: The kinds of answer a question asks for, and how a fact that gives one looks, whatever the business: a place (a number

@@ -176,3 +176,16 @@ def test_a_persona_written_in_markdown_sections_answers_from_its_lists(question,
     got = found(shop, question)
     assert any(expected in v for v in got), got
     assert not any("#" in v or "Walk-ins" in v and "Cancel" in v for v in got), got
+
+
+@pytest.mark.parametrize("question, leans", [("What's the square root of one hundred and sixty-nine?", False),
+                                              ("Quick one, who invented the telephone?", False),
+                                              ("How much is that one?", True), ("And a single class?", True),
+                                              ("Is the cheaper one any good?", True)])
+def test_a_number_read_out_does_not_lean_on_the_question_before(question, leans):
+    """"that one" leans on the previous question; "one hundred" is a number and "Quick one, ..." an idiom: leaning,
+    heldout9's "Quick one, what's the square root of one hundred and sixty-nine?" was ranked with the question before it
+    and answered with a price."""
+    from voice.retrieval import _LEANS_BACK
+
+    assert bool(_LEANS_BACK.search(question)) is leans
