@@ -49,6 +49,8 @@ def _fact_text(key: str, value: str) -> str:
     return f"{key}: {value}." if key else f"{value[:1].upper()}{value[1:]}."
 
 
+#: A key that names a day of the week (an hours line): its fact is said as written.
+_DAY_KEY = re.compile(r"\b(?:mon|tues|wednes|thurs|fri|satur|sun)days?\b|\bweek(?:day|end)s?\b", re.I)
 _PRICE = re.compile(r"^(?:\$\s*\d|\d[\d.,]*\s*(?:dollars?|euros?|pounds?|cents?)\b)", re.I)
 
 
@@ -57,10 +59,13 @@ def _answer(key: str, value: str) -> str:
     if not key:
         return _fact_text(key, value)
     value = value.strip().rstrip(".")
+    if _DAY_KEY.search(key):  # "Saturday: 10 AM to 2 PM" ("The saturday is ..." was said)
+        return _fact_text(key, value)
+    plural = key.endswith("s") and not key.endswith("ss")
     if _PRICE.match(value):
-        verb = "costs"  # "The croissant is ..." went on about croissants
+        verb = "cost" if plural else "costs"  # "The croissant is ..." went on about croissants
     else:
-        verb = "are" if key.endswith("s") and not key.endswith("ss") else "is"
+        verb = "are" if plural else "is"
     # no article before a gerund with an object ("Fixing a flat tire"), a determiner ("Most repairs", "Your hosts", "No
     # late fees": "The your hosts are ..." was said) or a possessive ("Everybody's favorite")
     the = "" if re.match(r"\w+ing\s+(?:a|an|the|your|my|our)\b|(?:a|an|the|most|all|some|any|every|each|no|our|my|your|"

@@ -189,3 +189,15 @@ def test_a_number_read_out_does_not_lean_on_the_question_before(question, leans)
     from voice.retrieval import _LEANS_BACK
 
     assert bool(_LEANS_BACK.search(question)) is leans
+
+
+@kind(ENGINES)
+def test_a_fact_keyed_by_a_day_is_shown_as_written_and_a_plural_costs_agree():
+    """The "Fact:" message for an hours line keyed by a day says it as written ("The saturday is 10am to 2pm." was
+    shown, and said), and a plural key's price takes "cost" ("The games costs $6.50")."""
+    shop = Persona.from_instructions("You are the assistant for Thunder Lanes. Saturday: 10am to 2pm. Sunday: closed. "
+                                     "Games: $6.50 per person. Shoes: $4.")
+    messages, _ = shop.turn("Are you open on Saturday?")
+    assert "Fact: Saturday: 10am to 2pm." in messages[-1]["content"], messages
+    messages, _ = shop.turn("How much is a game?")
+    assert "The games cost $6.50 per person." in messages[-1]["content"], messages
