@@ -155,8 +155,8 @@ def split_instructions(text: str) -> Instructions:
             said = sentences(line)
             aims += [_end(x) for x in said if not (_INTRO.search(x) or re.search(r"\d", x))]
             lines += [x for x in said if _INTRO.search(x) or re.search(r"\d", x)]
-        elif section == "style" and (_RULE.search(line) or not re.search(r"\d", line)):
-            rules.append(_end(line))  # (a line with a number in it is a fact, wherever it stands)
+        elif section == "style" and not _INTRO.search(line) and (_RULE.search(line) or not re.search(r"\d", line)):
+            rules.append(_end(line))  # (who the assistant is, or a line with a number in it, wherever it stands)
         else:
             lines += _inline_pairs(line)
     pairs = [m.groups() for ln in lines if (m := _KEY_VALUE.match(ln)) and not _NOT_A_KEY.match(m.group(1))]

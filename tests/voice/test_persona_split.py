@@ -187,3 +187,11 @@ def test_instructions_written_in_markdown_sections():
     assert got.facts == (("Monday to Friday", "9am to 6pm"), ("Sunday", "closed"), ("Haircut", "$25"),
                          ("", "Kids (under 10): $15"), ("", "Walk-ins welcome, but appointments get priority"))
     assert not any("#" in v for _, v in got.facts)
+
+
+def test_a_rules_section_keeps_who_the_assistant_is_and_the_numbers_as_facts():
+    """A short prompt with everything under "# Instructions": the "You are ..." line is the intro and a line with a
+    price is a fact; only the lines on how to talk are rules."""
+    got = split_instructions("# Instructions\nYou are Max, the assistant for Joe's Garage.\nAn oil change is $39.\nBe brief.")
+    assert got.intro == "You are Max, the assistant for Joe's Garage." and got.name == "Joe's Garage"
+    assert got.rules == ("Be brief.",) and got.facts == (("", "An oil change is $39"),)
