@@ -334,7 +334,7 @@ class WhisperTranscriber:
             self.decoder = _shared.decoder.fork() if _shared is not None and _shared.decoder else Decoder(path / "model.bin")
             self._blank = self.tokenizer.encode(" ") + [self.tokenizer.eot]
             #: the text tokens that end a sentence (where a decode that starts over is caught: ``STARTS_OVER``)
-            self.sentence_ends = sentence_end_tokens(self.tokenizer)
+            self.sentence_ends = _shared.sentence_ends if _shared is not None else sentence_end_tokens(self.tokenizer)
 
     def another(self) -> WhisperTranscriber:
         """A second, independent instance with the same model and settings (its own CTranslate2 threads and

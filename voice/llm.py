@@ -49,8 +49,6 @@ def _fact_text(key: str, value: str) -> str:
     return f"{key}: {value}." if key else f"{value[:1].upper()}{value[1:]}."
 
 
-#: A key that names a day of the week (an hours line): its fact is said as written.
-_DAY_KEY = re.compile(r"\b(?:mon|tues|wednes|thurs|fri|satur|sun)days?\b|\bweek(?:day|end)s?\b", re.I)
 _PRICE = re.compile(r"^(?:\$\s*\d|\d[\d.,]*\s*(?:dollars?|euros?|pounds?|cents?)\b)", re.I)
 
 
@@ -59,7 +57,9 @@ def _answer(key: str, value: str) -> str:
     if not key:
         return _fact_text(key, value)
     value = value.strip().rstrip(".")
-    if _DAY_KEY.search(key):  # "Saturday: 10 AM to 2 PM" ("The saturday is ..." was said)
+    from .retrieval import fact_types
+
+    if "day" in fact_types(key):  # a key naming a day, "Saturday: 10 AM to 2 PM", is said as written ("The saturday is")
         return _fact_text(key, value)
     plural = key.endswith("s") and not key.endswith("ss")
     if _PRICE.match(value):
