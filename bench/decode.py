@@ -245,6 +245,7 @@ def python_share(model, tokenizer, steps: int = 64, rounds: int = 5) -> dict:
     entries per step, and the cost of entering the layer stack (``step_ops.LAYERS`` on an empty
     range of layers: the full argument dispatch, no work)."""
     import decode.model as dm
+    from decode.step_ops import head_width
 
     s = model.new_state()
     ids = tokenizer.encode(DECODE_PROMPT)
@@ -276,7 +277,7 @@ def python_share(model, tokenizer, steps: int = 64, rounds: int = 5) -> dict:
             dm.LAYERS, dm.embed, dm.rmsnorm = real["LAYERS"], real["embed"], real["rmsnorm"]
             object.__setattr__(model.kernels, "matvec", matvec)
     b, cfg = s.step.first(1), model.config
-    layers = real["LAYERS"][model.kernels.name]
+    layers = real["LAYERS"][model.kernels.name, head_width(cfg.head_dim)]
     args = (0, 0, b.x, b.xb, b.qkv, b.att, b.gu, b.act.q, b.act.d, b.act.s, b.act.m, *model._stack, cfg.norm_eps,
             *s.caches, b.pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims, model.cos, model.sin)
     layers(*args)

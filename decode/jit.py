@@ -11,7 +11,7 @@ def _dispatchers():
     found = [obj for mod in (quant, qint, step_ops, ops) for obj in vars(mod).values()]
     found += list(ops._EMBED.values())  # the embedding kernel of each block type used so far
     for kernels in qint.KERNELS.values():  # each path's kernels (``qint._instantiate``), and its layer stack
-        found += [kernels.matvec, kernels.block_isums, step_ops.LAYERS[kernels.name]]
+        found += [kernels.matvec, kernels.block_isums] + [step_ops.LAYERS[kernels.name, w] for w in step_ops.WIDTHS]
     seen = set()
     for obj in found:
         if isinstance(obj, CPUDispatcher) and id(obj) not in seen:

@@ -35,7 +35,7 @@ from .gguf_file import Config, GGUFFile, Tensor, open_gguf
 from .ops import add_into, attention, embed, rmsnorm, rope, rope_tables, silu_mul
 from .qint import PackedMatrix
 from .quant import QType, matmat, matvec, matvec3
-from .step_ops import LAYERS, cache_attend, cache_tuples
+from .step_ops import LAYERS, cache_attend, cache_tuples, head_width
 
 #: Largest number of prompt tokens pushed through a layer in one pass.
 PREFILL_CHUNK = 256
@@ -437,7 +437,7 @@ class Model:
             return
         cfg, a = self.config, b.act
         ks, vs, n_caches = caches
-        LAYERS[self.kernels.name](lo, hi, x, b.xb, b.qkv, b.att, b.gu, a.q, a.d, a.s, a.m, *self._stack, cfg.norm_eps,
+        LAYERS[self.kernels.name, head_width(cfg.head_dim)](lo, hi, x, b.xb, b.qkv, b.att, b.gu, a.q, a.d, a.s, a.m, *self._stack, cfg.norm_eps,
                                   ks, vs, n_caches, b.pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims,
                                   self.cos, self.sin)
 

@@ -218,48 +218,80 @@ def _head(q, qo, kc, vc, kvo, n, head_dim, scale, out):
         out[qo + i] = acc[i] * inv
 
 
-@njit(parallel=True, **_JIT)
+def _cache_attend(width: str):
+    """``cache_attend`` for heads ``width`` wide: ``"64"`` (SmolLM2, Llama 3.2: ``_group64`` only) or ``"any"``
+    (``_head`` where they are not 64 wide).  numba drops the other width's branch (its dead-branch pruning, on a
+    constant), so a 64-wide model never compiles ``_head``: in the parallel loop each kernel called costs ~1 s of a
+    first run's compiling."""
+
+    def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n_kv_heads, head_dim, rot_dims, cos,
+                     sin, att):
+        """Row ``r`` of ``qkv`` is a token at ``positions[r]``: its q and k are rotated (RoPE by the
+        ``cos``/``sin`` tables, ``ops.rope``'s arithmetic) in place, its k and v (as halves) go into
+        ``k_caches[c][layer, pos]`` / ``v_caches[c][layer, pos]`` and its attention over that cache
+        into ``att[r]``; ``c = r`` when ``n_caches`` > 1 (one sequence per row), else 0 (the rows are one
+        sequence's tokens: all are written before any attends, each attends up to its own position).
+        Caches are ``(layers, context, kv_dim)``; the tuples always hold ``CACHE_SLOTS`` (unused ones
+        repeat the first), so that every call runs one compiled function and a row's numbers are
+        the same whatever the batch."""
+        B = qkv.shape[0]
+        qd = n_heads * head_dim
+        kv = n_kv_heads * head_dim
+        for r in range(B):
+            c = r if n_caches > 1 else 0
+            kc, vc = k_caches[c][layer], v_caches[c][layer]
+            pos = positions[r]
+            rope_row(qkv[r], 0, n_heads, head_dim, rot_dims, pos, cos, sin)
+            rope_row(qkv[r], qd, n_kv_heads, head_dim, rot_dims, pos, cos, sin)
+            for j in range(kv):
+                kc[pos, j] = simd.half_bits(qkv[r, qd + j])
+                vc[pos, j] = simd.half_bits(qkv[r, qd + kv + j])
+        group = n_heads // n_kv_heads
+        scale = np.float32(1.0 / math.sqrt(head_dim))
+        # 64-wide heads with many rows: a task per row and KV head (its query heads read the cache once); else a task
+        # per head, so that the threads share a decode step's few rows evenly (the same numbers either way).  One
+        # parallel loop: each one more costs seconds of a first run's compiling.
+        by_group = head_dim == 4 * LANES and B * n_kv_heads >= GROUP_TASKS
+        per_row = n_kv_heads if by_group else n_heads
+        for task in prange(B * per_row):
+            r = task // per_row
+            i = task % per_row
+            c = r if n_caches > 1 else 0
+            keys, values = k_caches[c][layer], v_caches[c][layer]
+            n = positions[r] + 1
+            if width == "any":
+                if head_dim != 4 * LANES:
+                    _head(qkv[r], i * head_dim, keys, values, (i // group) * head_dim, n, head_dim, scale, att[r])
+                elif by_group:
+                    _group64(qkv[r], i * group * head_dim, group, keys, values, i * head_dim, n, scale, att[r])
+                else:
+                    _group64(qkv[r], i * head_dim, np.int64(1), keys, values, (i // group) * head_dim, n, scale, att[r])
+            elif by_group:
+                _group64(qkv[r], i * group * head_dim, group, keys, values, i * head_dim, n, scale, att[r])
+            else:
+                _group64(qkv[r], i * head_dim, np.int64(1), keys, values, (i // group) * head_dim, n, scale, att[r])
+
+    return path_jit(cache_attend, width, parallel=True)
+
+
+#: The head widths with an attention kernel of their own.
+WIDTHS = ("64", "any")
+#: ``cache_attend`` of each head width (``head_width``); none compiled before its first call.
+ATTEND = {width: _cache_attend(width) for width in WIDTHS}
+cache_attend_64, cache_attend_any = ATTEND["64"], ATTEND["any"]
+
+
+def head_width(head_dim: int) -> str:
+    """The head width whose kernels run heads ``head_dim`` wide (a key of ``ATTEND`` and of ``LAYERS``)."""
+    return "64" if head_dim == 4 * LANES else "any"
+
+
 def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n_kv_heads, head_dim, rot_dims, cos, sin,
                  att):
-    """Row ``r`` of ``qkv`` is a token at ``positions[r]``: its q and k are rotated (RoPE by the
-    ``cos``/``sin`` tables, ``ops.rope``'s arithmetic) in place, its k and v (as halves) go into
-    ``k_caches[c][layer, pos]`` / ``v_caches[c][layer, pos]`` and its attention over that cache
-    into ``att[r]``; ``c = r`` when ``n_caches`` > 1 (one sequence per row), else 0 (the rows are one
-    sequence's tokens: all are written before any attends, each attends up to its own position).
-    Caches are ``(layers, context, kv_dim)``; the tuples always hold ``CACHE_SLOTS`` (unused ones
-    repeat the first), so that every call runs one compiled function and a row's numbers are
-    the same whatever the batch."""
-    B = qkv.shape[0]
-    qd = n_heads * head_dim
-    kv = n_kv_heads * head_dim
-    for r in range(B):
-        c = r if n_caches > 1 else 0
-        kc, vc = k_caches[c][layer], v_caches[c][layer]
-        pos = positions[r]
-        rope_row(qkv[r], 0, n_heads, head_dim, rot_dims, pos, cos, sin)
-        rope_row(qkv[r], qd, n_kv_heads, head_dim, rot_dims, pos, cos, sin)
-        for j in range(kv):
-            kc[pos, j] = simd.half_bits(qkv[r, qd + j])
-            vc[pos, j] = simd.half_bits(qkv[r, qd + kv + j])
-    group = n_heads // n_kv_heads
-    scale = np.float32(1.0 / math.sqrt(head_dim))
-    # 64-wide heads with many rows: a task per row and KV head (its query heads read the cache once); else a task
-    # per head, so that the threads share a decode step's few rows evenly (the same numbers either way).  One
-    # parallel loop: each one more costs seconds of a first run's compiling.
-    by_group = head_dim == 4 * LANES and B * n_kv_heads >= GROUP_TASKS
-    per_row = n_kv_heads if by_group else n_heads
-    for task in prange(B * per_row):
-        r = task // per_row
-        i = task % per_row
-        c = r if n_caches > 1 else 0
-        keys, values = k_caches[c][layer], v_caches[c][layer]
-        n = positions[r] + 1
-        if head_dim != 4 * LANES:
-            _head(qkv[r], i * head_dim, keys, values, (i // group) * head_dim, n, head_dim, scale, att[r])
-        elif by_group:
-            _group64(qkv[r], i * group * head_dim, group, keys, values, i * head_dim, n, scale, att[r])
-        else:
-            _group64(qkv[r], i * head_dim, np.int64(1), keys, values, (i // group) * head_dim, n, scale, att[r])
+    """``ATTEND[head_width(head_dim)]``'s ``cache_attend`` on these arguments (from Python: the layer stack calls its
+    width's own)."""
+    ATTEND[head_width(head_dim)](qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n_kv_heads, head_dim,
+                            rot_dims, cos, sin, att)
 
 
 # -- packed layers in one call ---------------------------------------------------------------------
@@ -271,7 +303,7 @@ def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n
 # (unused there): numba's own constant arrays would be read-only.
 
 
-def _layers(kind: str):
+def _layers(kind: str, width: str):
     def layers(lo, hi, x, xb, qkv, att, gu, aq, ad, as_, am, t0, qs0, d0, m0, t1, qs1, d1, m1, t2, qs2, d2, m2,
                t3, qs3, d3, m3, attn_norms, ffn_norms, eps, k_caches, v_caches, n_caches, positions, n_heads, n_kv_heads,
                head_dim, rot_dims, cos, sin):
@@ -280,16 +312,22 @@ def _layers(kind: str):
         gu`` the step's scratch and ``aq, ad, as_, am`` its quantized activations."""
         for i in range(lo, hi):
             qmatvec(kind, t0, qs0[i], d0[i], m0[i], x, PREP_RMSNORM, attn_norms[i], eps, xb, aq, ad, as_, am, qkv, False)
-            cache_attend(qkv, k_caches, v_caches, n_caches, i, positions, n_heads, n_kv_heads, head_dim, rot_dims, cos, sin, att)
+            if width == "64":
+                cache_attend_64(qkv, k_caches, v_caches, n_caches, i, positions, n_heads, n_kv_heads, head_dim, rot_dims,
+                                cos, sin, att)
+            else:
+                cache_attend_any(qkv, k_caches, v_caches, n_caches, i, positions, n_heads, n_kv_heads, head_dim, rot_dims,
+                                 cos, sin, att)
             qmatvec(kind, t1, qs1[i], d1[i], m1[i], att, PREP_NONE, attn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
             qmatvec(kind, t2, qs2[i], d2[i], m2[i], x, PREP_RMSNORM, ffn_norms[i], eps, xb, aq, ad, as_, am, gu, False)
             qmatvec(kind, t3, qs3[i], d3[i], m3[i], gu, PREP_SWIGLU, ffn_norms[i], 0.0, xb, aq, ad, as_, am, x, True)
 
-    return path_jit(layers, kind)
+    return path_jit(layers, kind if width == "64" else f"{kind}_{width}")
 
 
-#: The layer stack's function of each integer-kernel path (none compiled before its first call).
-LAYERS = {kind: _layers(kind) for kind in KINDS}
+#: The layer stack's function of each integer-kernel path and head width (``LAYERS[kind, width]``; none compiled
+#: before its first call).
+LAYERS = {(kind, w): _layers(kind, w) for kind in KINDS for w in WIDTHS}
 
 
 def cache_tuples(states) -> tuple[tuple, tuple, int]:

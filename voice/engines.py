@@ -60,24 +60,30 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
 
     from .asr import WhisperTranscriber
     from .precompile import Precompile, cold
-    from .tts import make_synthesizer
 
     say = progress or (lambda msg: None)
     one_blas_thread()
     times = {}
     kind = qint.select().name
     # a first run: a second process compiles the matrix kernel and Whisper's decoder meanwhile (voice.precompile)
-    pre = Precompile.start(kind) if cold(kind) else None
+    pre = Precompile.start(kind, opts.model) if cold(kind) else None
     if pre is not None:
         say(f"first run: compiling the {kind} kernels into numba's cache, on two processes (once per machine)")
     try:
         t = time.perf_counter()
         say("loading the LLM and prefilling the persona")
         model = Model(opts.model, warm=False)
-        if pre is not None:
+        tts = ack = None
+        if pre is not None:  # (while the worker compiles the matrix kernel, then the layer stack)
             model.compile_parts()
-            whisper_parts(opts.asr_model)  # (while the worker compiles the matrix kernel: what its Whisper step calls)
-            pre.wait("qmatvec")
+            pre.tell("parts")
+            whisper_parts(opts.asr_model)  # what the worker's Whisper step calls
+            pre.tell("whisper-parts")
+            times["llm_ms"] = (time.perf_counter() - t) * 1000
+            tts, ack, times["tts_ms"] = _load_voice(opts, say)  # while the worker compiles the layer stack
+            t = time.perf_counter()
+            say("prefilling the persona")
+            pre.wait("layers")
         model.warm_up()
         if opts.deploy is not None:
             model = opts.deploy(model)
@@ -90,13 +96,9 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
             say(f"checking the LLM backend: {opts.backend.name}")
             llm = OpenAIConversation(opts.backend, persona=local.persona, max_tokens=opts.max_tokens)
             llm.warmup()  # raises LLMBackendError, in one line, when it cannot answer
-        times["llm_ms"] = (time.perf_counter() - t) * 1000
-        t = time.perf_counter()
-        say(f"loading the {opts.tts} voice")
-        tts = make_synthesizer(opts.tts, **_voice_kwargs(opts))
-        tts.warmup()
-        ack = np.concatenate(list(tts.synthesize(ACK_TEXT)) or [np.zeros(0, np.int16)])
-        times["tts_ms"] = (time.perf_counter() - t) * 1000
+        times["llm_ms"] = times.get("llm_ms", 0.0) + (time.perf_counter() - t) * 1000
+        if tts is None:
+            tts, ack, times["tts_ms"] = _load_voice(opts, say)
         t = time.perf_counter()
         if pre is not None:
             pre.wait("whisper")
@@ -137,6 +139,18 @@ def vocabulary(persona: Persona) -> str:
     from .asr import persona_vocabulary
 
     return persona_vocabulary(persona.name, persona.facts or ())
+
+
+def _load_voice(opts: EngineOptions, say) -> tuple:
+    """The voice loaded and warmed up, the acknowledgement sound said in it, and the ms that took."""
+    from .tts import make_synthesizer
+
+    t = time.perf_counter()
+    say(f"loading the {opts.tts} voice")
+    tts = make_synthesizer(opts.tts, **_voice_kwargs(opts))
+    tts.warmup()
+    ack = np.concatenate(list(tts.synthesize(ACK_TEXT)) or [np.zeros(0, np.int16)])
+    return tts, ack, (time.perf_counter() - t) * 1000
 
 
 def _voice_kwargs(opts: EngineOptions) -> dict:

@@ -6,6 +6,8 @@ cache; a batch of rows gives each row what it gets alone.  Most cases use identi
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -169,3 +171,40 @@ def test_grouped_attention_gives_head64s_numbers_bit_for_bit():
     for r in range(rows):
         alone = run(qkv[r:r + 1].copy(), kcs, vcs, np.array([10 + r]))
         assert np.array_equal(together[r].view(np.int32), alone[0].view(np.int32)), r
+
+
+def test_a_64_wide_model_never_compiles_the_general_head():
+    """The layer stack and ``cache_attend`` of 64-wide heads are their own kernels (``ATTEND["64"]``): numba drops
+    ``_head``'s branch there, so a first run of SmolLM2 does not compile it (a second of compiling in the parallel
+    loop).  In a fresh process: a 64-wide call runs ``ATTEND["64"]`` alone, and its numbers are the general kernel's."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import json
+        import numpy as np
+        from decode import step_ops
+        rng = np.random.default_rng(3)
+        qd, kv = 9 * 64, 3 * 64
+        qkv = rng.standard_normal((2, qd + 2 * kv), dtype=np.float32)
+        kc = tuple((rng.standard_normal((1, 64, kv)) * 3).astype(np.float16).view(np.uint16) for _ in range(8))
+        vc = tuple((rng.standard_normal((1, 64, kv)) * 3).astype(np.float16).view(np.uint16) for _ in range(8))
+        cos, sin = np.ones((64, 32), np.float32), np.zeros((64, 32), np.float32)
+        pos = np.array([5, 30], np.int64)
+        outs = []
+        for kernel in (step_ops.cache_attend, step_ops.ATTEND["any"]):
+            att = np.zeros((2, qd), np.float32)
+            kernel(qkv.copy(), tuple(a.copy() for a in kc), tuple(a.copy() for a in vc), 2, 0, pos, 9, 3, 64, 64, cos,
+                   sin, att)
+            outs.append(att)
+            if kernel is step_ops.cache_attend:
+                ran = {"64": len(step_ops.ATTEND["64"].signatures), "any": len(step_ops.ATTEND["any"].signatures),
+                       "head": len(step_ops._head.signatures)}
+        print(json.dumps({"ran": ran, "same": bool(np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32)))}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["ran"] == {"64": 1, "any": 0, "head": 0}, got
+    assert got["same"], got

@@ -71,14 +71,15 @@ def test_the_worker_refuses_an_unknown_path_with_its_usage():
 
     assert main(["sse9"]) == 2
     assert main([]) == 2
+    assert main(["plain", "a.gguf", "b.gguf"]) == 2
 
 
 @pytest.mark.engines
 def test_a_first_run_compiles_the_matrix_kernel_and_whisper_once_in_the_worker(tmp_path):
     """``load_engines`` on an empty numba cache (``NUMBA_CACHE_DIR``, in a fresh process): it starts the worker and
-    says so; the matrix kernel and Whisper's step are loaded from what the worker saved, never compiled here; the
-    attention, the layer stack and Whisper's step's parts are compiled here, once each (one signature each: no literal
-    or read-only variant compiled twice)."""
+    says so; the matrix kernel, the layer stack and Whisper's step are loaded from what the worker saved, never
+    compiled here; the attention (the 64-wide heads' alone) and Whisper's step's parts are compiled here, once each
+    (one signature each: no literal or read-only variant compiled twice)."""
     script = textwrap.dedent("""
         import json
         from decode import qint, step_ops
@@ -93,8 +94,8 @@ def test_a_first_run_compiles_the_matrix_kernel_and_whisper_once_in_the_worker(t
         parts = [whisper_decoder.cross_kv, whisper_decoder.layer_norm, whisper_decoder.self_attend,
                  whisper_decoder.cross_attend, whisper_decoder.gelu_bias, whisper_decoder._rules]
         print(json.dumps({"said": said, "qmatvec": counts(qint.KERNELS[kind].matvec),
-                          "step": counts(whisper_decoder.STEPS[kind]), "layers": counts(step_ops.LAYERS[kind]),
-                          "attend": counts(step_ops.cache_attend), "whisper_parts": [counts(d) for d in parts]}))
+                          "step": counts(whisper_decoder.STEPS[kind]), "layers": counts(step_ops.LAYERS[kind, "64"]),
+                          "attend": counts(step_ops.ATTEND["64"]), "attend_any": counts(step_ops.ATTEND["any"]), "whisper_parts": [counts(d) for d in parts]}))
     """)
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env,
@@ -105,8 +106,9 @@ def test_a_first_run_compiles_the_matrix_kernel_and_whisper_once_in_the_worker(t
     assert not any("compile worker exited" in line for line in got["said"]), got["said"]
     assert got["qmatvec"] == {"compiled": 0, "loaded": 1, "signatures": 1}, got
     assert got["step"] == {"compiled": 0, "loaded": 1, "signatures": 1}, got
-    assert got["layers"] == {"compiled": 1, "loaded": 0, "signatures": 1}, got
+    assert got["layers"] == {"compiled": 0, "loaded": 1, "signatures": 1}, got
     assert got["attend"] == {"compiled": 1, "loaded": 0, "signatures": 1}, got
+    assert got["attend_any"]["signatures"] == 0, got
     # Whisper's step's float32 parts and greedy's rules: compiled here while the worker compiles the matrix kernel
     # (or loaded, where a fast path's worker got to one first), with the types a transcription gives them: one
     # signature each, the transcription compiled none of its own
