@@ -66,6 +66,24 @@ def test_a_stage_reported_before_a_crash_still_counts_as_reached_only_if_the_exi
     assert pre.failure().startswith("the compile worker exited with 1")
 
 
+def test_the_worker_waits_for_the_message_it_needs_or_for_its_parent_to_go():
+    """The worker's stage waits for the parent's line (``parts``) past any other, and goes on when its input closes
+    (the parent has gone); the parent's ``tell`` knows only ``MESSAGES`` and does not fail on an exited worker."""
+    script = "from voice.precompile import _await\n_await('parts')\nprint('after', flush=True)"
+    for given in ("whisper-parts\nparts\n", ""):
+        out = subprocess.run([sys.executable, "-c", script], input=given, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout == "after\n", out.stderr[-2000:]
+    proc = subprocess.Popen([sys.executable, "-c", "print('hello')"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    pre = Precompile("plain", proc)
+    proc.wait()
+    with pytest.raises(ValueError, match="unknown message"):
+        pre.tell("qmatvec")
+    pre.tell("parts")  # exited: nothing to tell, no error
+    assert pre.told == ["parts"]
+    pre.close()
+
+
 def test_the_worker_refuses_an_unknown_path_with_its_usage():
     from voice.precompile import main
 
