@@ -75,11 +75,13 @@ def sentences(text: str) -> list[str]:
     for m in re.finditer(r"[.!?]+[\"')\]]*(?=\s)|\n", text):
         end = m.end()
         if m.group() != "\n" and m.group()[0] == ".":
-            word = re.search(r"(?:([A-Za-z]+)\s+)?([A-Za-z.]+)\.*$", text[start:m.start() + 1])
+            piece = text[start:m.start() + 1]
+            word = re.search(r"(?:([A-Za-z]+)\s+)?([A-Za-z.]+)\.*$", piece)
             key = word.group(2).rstrip(".").lower() if word else ""
             before = (word.group(1) or "").lower() if word else ""
             nxt = text[end:].lstrip()[:1]
-            if key in _ABBREVIATIONS or (len(key) == 1 and key.isalpha() and before not in _LETTERED):
+            after_digit = bool(word) and piece[word.start(2) - 1:word.start(2)].isdigit()  # "1099s.": no initial
+            if key in _ABBREVIATIONS or (len(key) == 1 and key.isalpha() and before not in _LETTERED and not after_digit):
                 continue
             if key in _TIME_DOTS and not nxt.isupper():
                 continue
@@ -202,19 +204,35 @@ _STYLE_SECTION = re.compile(r"^(?:personality|tone|style|voice|rules?|instructio
 
 def _sections(text: str) -> list[tuple[str, str]]:
     """``text``'s lines without Markdown's marks, each with the kind of section it stands in: "role", "style" or ""
-    (any other: the business's facts)."""
+    (any other: the business's facts).  A plain heading (``_plain_heading``: "Hours", "Prices" alone on a line before
+    the lines it heads) is no line, and opens a section of facts: "Rules" there are the business's ("Under 18s need
+    a parent to sign"), not the assistant's."""
     out, section = [], ""
-    for line in text.strip().splitlines():
-        line = line.strip()
+    lines = [line.strip() for line in text.strip().splitlines()]
+    for i, line in enumerate(lines):
         heading = _HEADING.match(line) or _HEADING_LINE.match(line)
         if heading:
             name = heading.group(1).strip("*_ ")
             section = "role" if _ROLE_SECTION.match(name) else "style" if _STYLE_SECTION.match(name) else ""
             continue
+        if _plain_heading(lines, i):
+            section = ""
+            continue
         line = _BULLET.sub("", line).strip()
         if line:
             out.append((section, line))
     return out
+
+
+#: A plain heading's words: one to three, letters only ("Hours", "Prices", "Opening times", "Kids & families").
+_PLAIN_HEADING = re.compile(r"^[A-Z][A-Za-z'&/-]*(?: [A-Za-z'&/-]+){0,2}$")
+
+
+def _plain_heading(lines: list[str], i: int) -> bool:
+    """Whether ``lines[i]`` heads the lines below it: a few words without a number or a stop, at a paragraph's start
+    (the first line, or after an empty one), with a line of its own below."""
+    return (bool(_PLAIN_HEADING.match(lines[i])) and (i == 0 or not lines[i - 1]) and i + 1 < len(lines)
+            and bool(lines[i + 1]))
 
 
 def _end(line: str) -> str:

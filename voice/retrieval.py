@@ -120,11 +120,64 @@ OFF_TOPIC_MARGIN = 0.1
 #: about that day over hours written as "weekdays".
 DAY_BONUS = 0.2
 _WEEKDAY = re.compile(r"\b(mon|tues|wednes|thurs|fri|satur|sun)days?\b", re.I)
+#: The days in order, by ``weekdays``'s names, and their names written out.
+DAYS = ("mon", "tues", "wednes", "thurs", "fri", "satur", "sun")
+_DAY_NAMES = tuple(f"{d}day".capitalize() for d in DAYS)
+#: A day as written instructions abbreviate it ("Mon-Fri: 6am-11pm", "Sat + Sun"): capitalized, so that "sat" and
+#: "sun" the words are not days.
+_SHORT_DAY = r"(?:Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\.?"
+_ANY_DAY = re.compile(rf"\b(?:(?i:(?:mon|tues|wednes|thurs|fri|satur|sun)days?)|{_SHORT_DAY}(?![\w']))")
+#: A run of days: "Monday to Friday", "Mon-Fri", "Tuesday through Thursday".
+_DAY_RANGE = re.compile(rf"({_ANY_DAY.pattern})\s*(?:-|–|to|through|thru|until|till)\s*({_ANY_DAY.pattern})")
+_WEEK_PARTS = {"weekday": DAYS[:5], "weekend": DAYS[5:]}
+
+
+def _day(word: str) -> str:
+    """``weekdays``'s name of one written day ("Thursday", "Thu", "Thurs." -> "thurs")."""
+    w = word.lower().rstrip(".")
+    return next(d for d in DAYS if w.startswith(d[:3]))
 
 
 def weekdays(text: str) -> set[str]:
-    """The days of the week ``text`` names ("Mondays", "Friday" -> {"mon", "fri"})."""
-    return {m.group(1).lower() for m in _WEEKDAY.finditer(text)}
+    """The days of the week ``text`` names ("Mondays", "Friday" -> {"mon", "fri"}), abbreviated as instructions write
+    them ("Sat + Sun"), every day of a run ("Monday to Friday", "Mon-Fri": the five) and of "weekdays"/"the weekend"."""
+    out = {_day(m.group(0)) for m in _ANY_DAY.finditer(text)}
+    for m in _DAY_RANGE.finditer(text):
+        a, b = DAYS.index(_day(m.group(1))), DAYS.index(_day(m.group(2)))
+        out.update(DAYS[(a + i) % 7] for i in range((b - a) % 7 + 1))
+    for part, days in _WEEK_PARTS.items():
+        if re.search(rf"\b{part}s?\b", text, re.I):
+            out.update(days)
+    return out
+
+
+#: Words that name a day by another: "the day after (that)", "the next day" (the day after the one the previous
+#: question named), "the day before"; "tomorrow" after "it's Monday" (the previous question saying which day today is).
+_NEXT_DAY = re.compile(r"\b(?:the (?:next|following) day|the day after(?: that)?(?! tomorrow))\b", re.I)
+_DAY_BEFORE = re.compile(r"\b(?:the day before(?: that)?|the previous day)\b", re.I)
+_TOMORROW = re.compile(r"\btomorrow\b", re.I)
+_TODAY_IS = re.compile(r"\b(?:it's|it is|today is|today's)\s+(?:a\s+)?((?:mon|tues|wednes|thurs|fri|satur|sun)day)\b", re.I)
+
+
+def resolve_days(question: str, previous: str | None) -> str:
+    """``question`` with a day it names by another written as that day ("Okay, so the day before, how long is somebody
+    there?" after "Could I come on Sunday?": "Okay, so Saturday, ..."; "Tomorrow then, from what time?" after "It's
+    Monday, are you open?": "Tuesday then, ..."); as it is when the previous question names no one day."""
+    if not previous or re.search(r"\bday after tomorrow\b", question, re.I):
+        return question
+    for pattern, step in ((_NEXT_DAY, 1), (_DAY_BEFORE, -1), (_TOMORROW, 1)):
+        m = pattern.search(question)
+        if not m:
+            continue
+        if pattern is _TOMORROW:
+            today = {_day(t.group(1)) for t in _TODAY_IS.finditer(previous)}
+        else:
+            today = {_day(t.group(0)) for t in _ANY_DAY.finditer(previous)}
+        if len(today) != 1:
+            return question
+        day = _DAY_NAMES[(DAYS.index(today.pop()) + step) % 7]
+        return question[:m.start()] + day + question[m.end():]
+    return question
 
 
 def content_words(text: str) -> set[str]:
@@ -264,12 +317,14 @@ class FactIndex:
         """``question``'s similarity to the nearest of ``OFF_TOPIC_PROTOTYPES``."""
         return float((off_topic_vectors(self.model) @ self.model.embed_one(question)).max())
 
-    def bonus(self, question: str) -> np.ndarray:
+    def bonus(self, question: str, own: str | None = None) -> np.ndarray:
         """``TYPE_BONUS`` for each fact of the kind of answer ``question`` asks for (``ANSWER_TYPES``), else 0; and
-        ``DAY_BONUS`` more for a fact naming a day of the week the question names."""
+        ``DAY_BONUS`` more for a fact naming a day of the week the question names: the days of ``own`` (the question
+        itself, where ``question`` is it with the previous one before it), not the previous question's ("Can I park
+        there?" after "Are you open on weekends?" is not about the weekend)."""
         asked = question_types(question) if self.type_bonus else set()
         out = self.type_bonus * np.array([bool(asked & t) for t in self.types], dtype=np.float32)
-        if self.type_bonus and (named := weekdays(question)):
+        if self.type_bonus and (named := weekdays(question if own is None else own)):
             out += DAY_BONUS * np.array([bool(named & d) for d in self.days], dtype=np.float32)
         return out
 
@@ -284,6 +339,7 @@ class FactIndex:
         most and the previous question says what about it is asked (own and dev sets: the better of the two rankings
         instead took "And a tune-up?" for the flat tire asked about before it).  ``off_topic=False`` skips the
         prototypes' test (``bench/retrieval.py``: the best fact whatever the gates say)."""
+        question = resolve_days(question, previous)
         s = self.scores(question)
         if off_topic and len(s) and self.off_topic_score(question) >= max(OFF_TOPIC_SCORE, float(s.max()) + OFF_TOPIC_MARGIN):
             return []
@@ -293,7 +349,7 @@ class FactIndex:
             asked = f"{previous} {question}"
         if not len(s) or s.max() < min_score:
             return []
-        ranked = s + self.bonus(asked)
+        ranked = s + self.bonus(asked, question)
         order = np.argsort(-ranked, kind="stable")
         best = int(order[0])
         if s.max() < sure and not ((question_types(asked) - WEAK_TYPES) & self.types[best]

@@ -195,3 +195,23 @@ def test_a_rules_section_keeps_who_the_assistant_is_and_the_numbers_as_facts():
     got = split_instructions("# Instructions\nYou are Max, the assistant for Joe's Garage.\nAn oil change is $39.\nBe brief.")
     assert got.intro == "You are Max, the assistant for Joe's Garage." and got.name == "Joe's Garage"
     assert got.rules == ("Be brief.",) and got.facts == (("", "An oil change is $39"),)
+
+
+def test_plain_headings_are_no_facts_and_head_facts():
+    """Terse instructions with a word alone on a line over each part ("Hours", "Prices", "Rules"): the headings are
+    no facts, and a gym's "Rules" are facts callers ask about, not rules for the assistant."""
+    p = split_instructions("Phone assistant - Granite Loft Climbing.\n\nHours\nMon-Fri: 6am-11pm\nSat: 8am-10pm\n\n"
+                           "Prices\nDay pass - $22\n\nRules\nEveryone signs the online waiver before their first visit.\n"
+                           "Free parking")
+    texts = [v for _, v in p.facts]
+    assert not {"Hours", "Prices", "Rules"} & set(texts)
+    assert ("Mon-Fri", "6am-11pm") in p.facts and "Day pass - $22" in texts
+    assert "Everyone signs the online waiver before their first visit" in texts
+    assert "Free parking" in texts  # the last line heads nothing
+
+
+def test_a_number_with_a_letter_ends_a_sentence():
+    """"W-2s and 1099s." ends its sentence (its "s." is no initial, as the "J." of "J. Smith" is)."""
+    assert sentences("Bring all your W-2s and 1099s. The office is owned by Gloria Hartwell.") == [
+        "Bring all your W-2s and 1099s.", "The office is owned by Gloria Hartwell."]
+    assert sentences("Ask for J. Smith at the desk.") == ["Ask for J. Smith at the desk."]

@@ -201,3 +201,49 @@ def test_a_fact_keyed_by_a_day_is_shown_as_written_and_a_plural_costs_agree():
     assert "Fact: Saturday: 10am to 2pm." in messages[-1]["content"], messages
     messages, _ = shop.turn("How much is a game?")
     assert "The games cost $6.50 per person." in messages[-1]["content"], messages
+
+
+@pytest.mark.parametrize("text, days", [
+    ("Mon-Fri: 6am-11pm", {"mon", "tues", "wednes", "thurs", "fri"}),
+    ("Intro class Sat + Sun at 10am", {"satur", "sun"}),
+    ("open Monday to Friday from 8:30, Tuesday through Thursday late", {"mon", "tues", "wednes", "thurs", "fri"}),
+    ("Fri-Mon: 10 to 4", {"fri", "satur", "sun", "mon"}),  # a run across the week's end
+    ("open weekdays 8 to 9", {"mon", "tues", "wednes", "thurs", "fri"}),
+    ("Closed on the weekend.", {"satur", "sun"}),
+    ("I sat in the sun on a Monday", {"mon"}),  # the words "sat" and "sun" are no days
+])
+def test_days_are_read_as_instructions_write_them(text, days):
+    from voice.retrieval import weekdays
+
+    assert weekdays(text) == days
+
+
+@pytest.mark.parametrize("question, previous, resolved", [
+    ("Okay, so the day before, how long is somebody there?", "I'm off work on Sunday. Could I sign up then?",
+     "Okay, so Saturday, how long is somebody there?"),
+    ("What about the day after that?", "Or maybe Saturday. How long is somebody there?", "What about Sunday?"),
+    ("Ah, pity. Tomorrow then, from what time?", "It's Monday, are you taking orders?", "Ah, pity. Tuesday then, from what time?"),
+    ("And the next day?", "Are you open on a Sunday?", "And Monday?"),
+    # as they are: no one day before, "tomorrow" without today's day, the day after tomorrow
+    ("What about the day after?", "Are you open Monday or Tuesday?", "What about the day after?"),
+    ("What about tomorrow?", "Are you open Saturday?", "What about tomorrow?"),
+    ("And the day after tomorrow?", "It's Monday, are you open?", "And the day after tomorrow?"),
+    ("The day before, then?", None, "The day before, then?"),
+])
+def test_a_day_named_by_the_one_before_it_is_written_as_that_day(question, previous, resolved):
+    from voice.retrieval import resolve_days
+
+    assert resolve_days(question, previous) == resolved
+
+
+@kind(ENGINES)
+def test_the_day_before_the_one_asked_about_finds_that_days_hours():
+    office = Persona.from_instructions(
+        "You are the assistant for Quarry Road Storage. The office is open Monday to Friday, 8:30 AM to 5:30 PM. "
+        "On Saturday the office is open 9 AM to 4 PM. The office is closed on Sunday. A 10x10 unit is $129 a month.")
+    def best(question, previous=None):
+        return " ".join(relevant_facts(office.facts, question, previous, name=office.name)[0])
+
+    assert "9 AM to 4 PM" in best("Okay, so the day before, how long is somebody there?",
+                                  "I'm off work on Sunday. Could I come to the office and sign up then?")
+    assert "Monday to Friday" in best("Could I come in on a Wednesday morning?")
