@@ -118,12 +118,18 @@ def clauses(sentence: str) -> list[str]:
         seps = re.findall(r",?\s+(?:and|but|while|whereas)\s+|,\s+", part)
         for i, piece in enumerate(pieces):
             after_condition = i > 0 and seps[i - 1].startswith(",") and bool(_CONDITION.match(pieces[i - 1]))
-            if glued and (after_condition or not (_has_subject_and_verb(piece) and _has_subject_and_verb(glued[-1]))):
+            if glued and (after_condition or _RELATIVE.match(piece)
+                          or not (_has_subject_and_verb(piece) and _has_subject_and_verb(glued[-1]))):
                 glued[-1] += seps[i - 1] + piece
             else:
                 glued.append(piece)
         out += glued
     return [_sentence_case(p) for p in out if p.strip()]
+
+
+#: A piece whose verb is a relative clause's: it says more of the noun before it ("owned by Gloria Hartwell, an
+#: enrolled agent who has been doing taxes for 22 years", "Dev, who speaks Spanish"), no clause of its own.
+_RELATIVE = re.compile(r"^(?:(?:a|an|the|our|their)\s+(?:[\w'-]+\s+){0,3})?(?:who|whom|whose|which)\b", re.I)
 
 
 def _sentence_case(text: str) -> str:

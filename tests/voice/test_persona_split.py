@@ -137,6 +137,10 @@ def test_a_time_or_a_note_is_not_a_key():
     ("Patients aged 65 and over are charged $70 per session.", ["Patients aged 65 and over are charged $70 per session."]),
     ("I'm Tom, the owner, so if anything needs sorting out, folks can ask for me.",
      ["I'm Tom, the owner, so if anything needs sorting out, folks can ask for me."]),
+    # a relative clause says more of the noun before it
+    ("The office is owned by Gloria Hartwell, an enrolled agent who has been doing taxes for 22 years, and our other "
+     "preparer is Dev Malhotra.", ["The office is owned by Gloria Hartwell, an enrolled agent who has been doing taxes "
+                                   "for 22 years.", "Our other preparer is Dev Malhotra."]),
     # still two facts: a name that looks like a participle, a short noun ending in -ed
     ("Bank Heist is the easiest, Haunted Library is in the middle.", ["Bank Heist is the easiest.", "Haunted Library is in the middle."]),
     ("Bed linens are included and towels are extra.", ["Bed linens are included.", "Towels are extra."]),
