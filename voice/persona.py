@@ -214,7 +214,7 @@ def _sections(text: str) -> list[tuple[str, str]]:
     the lines it heads) is no line, and opens a section of facts: "Rules" there are the business's ("Under 18s need
     a parent to sign"), not the assistant's."""
     out, section = [], ""
-    lines = [line.strip() for line in text.strip().splitlines()]
+    lines = [line.strip() for line in text.strip().splitlines()] + [""]
     for i, line in enumerate(lines):
         heading = _HEADING.match(line) or _HEADING_LINE.match(line)
         if heading:
@@ -223,6 +223,8 @@ def _sections(text: str) -> list[tuple[str, str]]:
             continue
         if _plain_heading(lines, i):
             section = ""
+            if not lines[i + 2] and not _KEY_VALUE.match(lines[i + 1]):  # over one line: its key ("Parking" / "Free lot")
+                lines[i + 1] = f"{line}: {_BULLET.sub('', lines[i + 1]).strip()}"
             continue
         line = _BULLET.sub("", line).strip()
         if line:

@@ -212,6 +212,9 @@ def test_plain_headings_are_no_facts_and_head_facts():
     assert ("Mon-Fri", "6am-11pm") in p.facts and "Day pass - $22" in texts
     assert "Everyone signs the online waiver before their first visit" in texts
     assert "Free parking" in texts  # the last line heads nothing
+    # a heading over one line is its key
+    assert ("Parking", "Free lot next to the building") in split_instructions(
+        "Hours\nMon-Fri: 6am-11pm\n\nParking\nFree lot next to the building\n\nNo pets.").facts
 
 
 def test_a_number_with_a_letter_ends_a_sentence():
