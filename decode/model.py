@@ -437,9 +437,9 @@ class Model:
             return
         cfg, a = self.config, b.act
         ks, vs, n_caches = caches
-        LAYERS[self.kernels.name, head_width(cfg.head_dim)](lo, hi, x, b.xb, b.qkv, b.att, b.gu, a.q, a.d, a.s, a.m, *self._stack, cfg.norm_eps,
-                                  ks, vs, n_caches, b.pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims,
-                                  self.cos, self.sin)
+        layers = LAYERS[self.kernels.name, head_width(cfg.head_dim)]
+        layers(lo, hi, x, b.xb, b.qkv, b.att, b.gu, a.q, a.d, a.s, a.m, *self._stack, cfg.norm_eps, ks, vs, n_caches,
+               b.pos, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_dims, self.cos, self.sin)
 
     def step_layer(self, i: int, caches: tuple, x: np.ndarray, b: StepBuffers) -> None:
         """Block ``i`` on rows ``x (B, d_model)``, row ``r`` a token at position ``b.pos[r]``, of

@@ -290,8 +290,8 @@ def cache_attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n
                  att):
     """``ATTEND[head_width(head_dim)]``'s ``cache_attend`` on these arguments (from Python: the layer stack calls its
     width's own)."""
-    ATTEND[head_width(head_dim)](qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n_kv_heads, head_dim,
-                            rot_dims, cos, sin, att)
+    attend = ATTEND[head_width(head_dim)]
+    attend(qkv, k_caches, v_caches, n_caches, layer, positions, n_heads, n_kv_heads, head_dim, rot_dims, cos, sin, att)
 
 
 # -- packed layers in one call ---------------------------------------------------------------------

@@ -14,9 +14,10 @@ process has compiled and saved is loaded here instead.  ``load_engines`` starts 
 - compiles Whisper's step's float32 parts and greedy's rules (``whisper_decoder.compile_parts``) and tells the
   worker (``whisper-parts``), while the worker loads the LLM and runs one step: it compiles the layer stack, finding
   the matrix kernel and the attention in the cache (stage ``layers``);
-- waits for that stage, then runs the LLM's first step, all of it from the cache;
-- loads the voice while the worker loads Whisper and transcribes half a second of silence (stage ``whisper``);
-- waits for that stage, then loads Whisper: every kernel it runs is in the cache.
+- loads the voice while the worker finishes that stage, then loads Whisper and transcribes half a second of silence
+  (stage ``whisper``: Whisper's step compiled);
+- waits for stage ``layers``, then runs the LLM's first step and prefills the persona, all from the cache;
+- waits for stage ``whisper``, then loads Whisper: every kernel it runs is in the cache.
 
 The worker waits for each of this process's messages before the stage that needs what it names: without them both
 would compile the same kernel at once.  A worker that fails or is missing costs nothing but the wait for its exit:
