@@ -100,14 +100,14 @@ def load_engines(opts: EngineOptions = EngineOptions(), persona: Persona | None 
         if tts is None:
             tts, ack, times["tts_ms"] = _load_voice(opts, say)
         t = time.perf_counter()
-        if pre is not None:
+        say(f"loading Whisper {opts.asr_model}")
+        asr = WhisperTranscriber(cpu_threads=opts.asr_threads, model=opts.asr_model,
+                                 vocabulary=vocabulary(local.persona) if opts.asr_vocabulary else "")
+        if pre is not None:  # (its weights are loaded meanwhile; its kernels run first at the warm-up)
             pre.wait("whisper")
             if (why := pre.failure()) is not None:
                 say(f"{why}; compiling here instead")
             pre.close()
-        say(f"loading Whisper {opts.asr_model}")
-        asr = WhisperTranscriber(cpu_threads=opts.asr_threads, model=opts.asr_model,
-                                 vocabulary=vocabulary(local.persona) if opts.asr_vocabulary else "")
         asr.warmup()
         times["asr_ms"] = (time.perf_counter() - t) * 1000
         t = time.perf_counter()

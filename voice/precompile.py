@@ -17,7 +17,7 @@ process has compiled and saved is loaded here instead.  ``load_engines`` starts 
 - loads the voice while the worker finishes that stage, then loads Whisper and transcribes half a second of silence
   (stage ``whisper``: Whisper's step compiled);
 - waits for stage ``layers``, then runs the LLM's first step and prefills the persona, all from the cache;
-- waits for stage ``whisper``, then loads Whisper: every kernel it runs is in the cache.
+- loads Whisper's weights, waits for stage ``whisper``, then warms Whisper up: every kernel it runs is in the cache.
 
 The worker waits for each of this process's messages before the stage that needs what it names: without them both
 would compile the same kernel at once.  A worker that fails or is missing costs nothing but the wait for its exit:
