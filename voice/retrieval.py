@@ -353,7 +353,7 @@ class FactIndex:
         order = np.argsort(-ranked, kind="stable")
         best = int(order[0])
         if s.max() < sure and not ((question_types(asked) - WEAK_TYPES) & self.types[best]
-                                   or content_words(asked) & self.words[best]):
+                                   or content_words(asked) & self.words[best] or weekdays(question) & self.days[best]):
             return []
         hits = [Hit(int(order[0]), float(ranked[order[0]]))]
         if len(order) > 1 and ranked[order[1]] >= ranked[order[0]] - within and s[order[1]] >= min_score:

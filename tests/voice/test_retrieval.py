@@ -247,3 +247,18 @@ def test_the_day_before_the_one_asked_about_finds_that_days_hours():
     assert "9 AM to 4 PM" in best("Okay, so the day before, how long is somebody there?",
                                   "I'm off work on Sunday. Could I come to the office and sign up then?")
     assert "Monday to Friday" in best("Could I come in on a Wednesday morning?")
+
+
+@kind(ENGINES)
+def test_a_question_naming_the_days_a_fact_names_is_about_it_though_worded_far_from_it():
+    """A low similarity is enough where the question names days the best fact names ("a weekday" and "Monday to
+    Friday"); a day alone still does not make an off-topic question one about the business."""
+    office = Persona.from_instructions(
+        "You are Maya, the receptionist for Hartwell & Moss Tax Preparation at 310 Juniper Street. Our busy season runs "
+        "from February 1 through April 15. During that stretch we're open Monday to Friday from 8:30 in the morning "
+        "until 7 in the evening, and on Saturdays from 9 until 3. A basic return is $95. Filing an extension is $40.")
+    hits = relevant_facts(office.facts, "It's March and I'm stuck at work till five. Could I come in on a weekday "
+                          "around six?", name=office.name)
+    assert hits and "Monday to Friday" in " ".join(hits[0])
+    assert found(office, "Who won the game on Saturday?") == []
+    assert found(office, "Is it going to snow this weekend?") == []
