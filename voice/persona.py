@@ -163,8 +163,10 @@ def split_instructions(text: str) -> Instructions:
             said = sentences(line)
             aims += [_end(x) for x in said if not (_INTRO.search(x) or re.search(r"\d", x))]
             lines += [x for x in said if _INTRO.search(x) or re.search(r"\d", x)]
-        elif section == "style" and not _INTRO.search(line) and (_RULE.search(line) or not re.search(r"\d", line)):
-            rules.append(_end(line))  # (who the assistant is, or a line with a number in it, wherever it stands)
+        elif (section == "style" and not _INTRO.search(line) and not _PATRONS.match(line)
+              and (_RULE.search(line) or not re.search(r"\d", line))):
+            rules.append(_end(line))  # (who the assistant is, a line with a number in it or about the business's
+            # patrons, wherever it stands: a gym's "# Rules" are its members')
         else:
             lines += _inline_pairs(line)
     pairs = [m.groups() for ln in lines if (m := _KEY_VALUE.match(ln)) and not _NOT_A_KEY.match(m.group(1))]
@@ -230,6 +232,13 @@ def _sections(text: str) -> list[tuple[str, str]]:
         if line:
             out.append((section, line))
     return out
+
+
+#: A line about the business's patrons ("Everyone signs the waiver before their first visit.", "Guests must check out by
+#: 11"): a policy callers ask about, a fact though it stands in a section of rules.
+_PATRONS = re.compile(r"^(?:everyone|everybody|anyone|all (?:guests|customers|clients|visitors|members|patients|students|"
+                      r"climbers|riders|players)|guests|customers|clients|visitors|members|patients|students|kids|children|"
+                      r"parents|minors|pets|dogs)\b", re.I)
 
 
 #: A plain heading's words: one to three, letters only ("Hours", "Prices", "Opening times", "Kids & families").

@@ -222,3 +222,14 @@ def test_a_number_with_a_letter_ends_a_sentence():
     assert sentences("Bring all your W-2s and 1099s. The office is owned by Gloria Hartwell.") == [
         "Bring all your W-2s and 1099s.", "The office is owned by Gloria Hartwell."]
     assert sentences("Ask for J. Smith at the desk.") == ["Ask for J. Smith at the desk."]
+
+
+def test_a_rules_section_keeps_the_business_rules_for_its_patrons_as_facts():
+    """Under "# Rules", a line about the business's patrons ("Everyone signs the waiver", "Kids must be with an adult")
+    is a policy callers ask about: a fact; a line telling the assistant what to do stays a rule."""
+    p = split_instructions("# Role\nYou are Kai at Granite Loft Climbing.\n\n# Rules\n"
+                           "- Everyone signs the online waiver before their first visit\n"
+                           "- Never give climbing technique tips\n- Kids must be with an adult\n")
+    assert p.rules == ("Never give climbing technique tips.",)
+    assert ("", "Everyone signs the online waiver before their first visit") in p.facts
+    assert ("", "Kids must be with an adult") in p.facts
