@@ -73,7 +73,8 @@ ANSWER_TYPES = {
     "duration": (r"\bhow long\b|\bhow soon\b|\bhow quickly\b",
                  r"\b(?:\d+|one|two|three|four|five|ten|few)\s+(?:to\s+\w+\s+)?(?:minutes?|hours?|days?|weeks?)\b|\bsame day\b"),
     "day": (rf"\b{_DAY}\b|\bwhich days?\b|\bwhat days?\b",
-            rf"\b{_DAY}\b|\bevery day\b|\bdaily\b|\bseven days\b"),
+            rf"\b{_DAY}\b|\bevery day\b|\bdaily\b|\bseven days\b|"
+            r"(?-i:\b(?:Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\b\.?(?![\w']))"),  # ("Mon-Fri: 6am-11pm")
 }
 _TYPE_RES = {k: (re.compile(q, re.I), re.compile(f, re.I if k in ("price", "duration", "time", "day") else 0))
              for k, (q, f) in ANSWER_TYPES.items()}

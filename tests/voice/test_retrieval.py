@@ -262,3 +262,11 @@ def test_a_question_naming_the_days_a_fact_names_is_about_it_though_worded_far_f
     assert hits and "Monday to Friday" in " ".join(hits[0])
     assert found(office, "Who won the game on Saturday?") == []
     assert found(office, "Is it going to snow this weekend?") == []
+
+
+@pytest.mark.parametrize("fact, is_day", [("Mon-Fri: 6am-11pm", True), ("Sun: 9am-7pm", True), ("Open Tues-Sat.", True),
+                                          ("I sat in the sun all afternoon.", False)])
+def test_an_abbreviated_day_makes_a_fact_one_that_gives_a_day(fact, is_day):
+    from voice.retrieval import fact_types
+
+    assert ("day" in fact_types(fact)) is is_day
