@@ -220,7 +220,7 @@ def _head(q, qo, kc, vc, kvo, n, head_dim, scale, out):
 
 def _cache_attend(width: str):
     """``cache_attend`` for heads ``width`` wide: ``"64"`` (SmolLM2, Llama 3.2: ``_group64`` only) or ``"any"``
-    (``_head`` where they are not 64 wide).  numba drops the other width's branch (its dead-branch pruning, on a
+    (``_head``, a task per row and head).  numba drops the other width's branch (its dead-branch pruning, on a
     constant), so a 64-wide model never compiles ``_head``: in the parallel loop each kernel called costs ~1 s of a
     first run's compiling."""
 
@@ -251,7 +251,7 @@ def _cache_attend(width: str):
         # 64-wide heads with many rows: a task per row and KV head (its query heads read the cache once); else a task
         # per head, so that the threads share a decode step's few rows evenly (the same numbers either way).  One
         # parallel loop: each one more costs seconds of a first run's compiling.
-        by_group = head_dim == 4 * LANES and B * n_kv_heads >= GROUP_TASKS
+        by_group = width == "64" and B * n_kv_heads >= GROUP_TASKS
         per_row = n_kv_heads if by_group else n_heads
         for task in prange(B * per_row):
             r = task // per_row
@@ -259,13 +259,8 @@ def _cache_attend(width: str):
             c = r if n_caches > 1 else 0
             keys, values = k_caches[c][layer], v_caches[c][layer]
             n = positions[r] + 1
-            if width == "any":
-                if head_dim != 4 * LANES:
-                    _head(qkv[r], i * head_dim, keys, values, (i // group) * head_dim, n, head_dim, scale, att[r])
-                elif by_group:
-                    _group64(qkv[r], i * group * head_dim, group, keys, values, i * head_dim, n, scale, att[r])
-                else:
-                    _group64(qkv[r], i * head_dim, np.int64(1), keys, values, (i // group) * head_dim, n, scale, att[r])
+            if width == "any":  # (64-wide heads too, through _head64: _group64's bits)
+                _head(qkv[r], i * head_dim, keys, values, (i // group) * head_dim, n, head_dim, scale, att[r])
             elif by_group:
                 _group64(qkv[r], i * group * head_dim, group, keys, values, i * head_dim, n, scale, att[r])
             else:

@@ -178,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if len(args) not in (1, 2) or args[0] not in qint.KINDS:
         print(f"usage: python -m voice.precompile {{{','.join(qint.KINDS)}}} [MODEL.gguf]: compile that kernel path's "
-              "matrix kernel, the layer stack for MODEL (default: the shipped one) and Whisper's decoder into numba's cache (what `wafervox` does "
-              "on a first run; it tells this process on its standard input when its own parts are compiled: "
-              f"{', '.join(MESSAGES)})", file=sys.stderr)
+              "matrix kernel, the layer stack for MODEL (default: the shipped one) and Whisper's decoder into numba's "
+              "cache (what `wafervox` does on a first run; its parent says on standard input when its own parts are "
+              f"compiled: {', '.join(MESSAGES)})", file=sys.stderr)
         return 2
     kind, model = args[0], (args[1:] or [None])[0]
     t0 = time.perf_counter()

@@ -60,6 +60,9 @@ _LEANS_BACK = re.compile(r"^\s*(?:and|also|what about|how about|what of|plus|or)
 #: embedding alone ranked "Where are you?" nearest to no fact or to a price, "Who runs the shop?" nearest to the
 #: shop's address (own and dev sets, bench/retrieval.py ``minilm-notype``).
 _DAY = r"(?:(?:mon|tues|wednes|thurs|fri|satur|sun)days?|weekends?|weekdays?)"
+#: A day as written instructions abbreviate it ("Mon-Fri: 6am-11pm", "Sat + Sun"): capitalized, so that "sat" and
+#: "sun" the words are not days.
+_SHORT_DAY = r"(?:Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\.?"
 ANSWER_TYPES = {
     "place": (r"\bwhere\b|\baddress\b|\blocat|\bfind (?:you|the)\b|\bdirections\b|\bget (?:there|to you)\b",
               r"\b\d+[A-Za-z]?\s+(?!(?:AM|PM|A\.M|P\.M)\b)(?:[A-Z][\w'-]*\s*){1,3}"),
@@ -74,7 +77,7 @@ ANSWER_TYPES = {
                  r"\b(?:\d+|one|two|three|four|five|ten|few)\s+(?:to\s+\w+\s+)?(?:minutes?|hours?|days?|weeks?)\b|\bsame day\b"),
     "day": (rf"\b{_DAY}\b|\bwhich days?\b|\bwhat days?\b",
             rf"\b{_DAY}\b|\bevery day\b|\bdaily\b|\bseven days\b|"
-            r"(?-i:\b(?:Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\b\.?(?![\w']))"),  # ("Mon-Fri: 6am-11pm")
+            rf"(?-i:\b{_SHORT_DAY}(?![\w']))"),  # ("Mon-Fri: 6am-11pm")
 }
 _TYPE_RES = {k: (re.compile(q, re.I), re.compile(f, re.I if k in ("price", "duration", "time", "day") else 0))
              for k, (q, f) in ANSWER_TYPES.items()}
@@ -124,9 +127,6 @@ _WEEKDAY = re.compile(r"\b(mon|tues|wednes|thurs|fri|satur|sun)days?\b", re.I)
 #: The days in order, by ``weekdays``'s names, and their names written out.
 DAYS = ("mon", "tues", "wednes", "thurs", "fri", "satur", "sun")
 _DAY_NAMES = tuple(f"{d}day".capitalize() for d in DAYS)
-#: A day as written instructions abbreviate it ("Mon-Fri: 6am-11pm", "Sat + Sun"): capitalized, so that "sat" and
-#: "sun" the words are not days.
-_SHORT_DAY = r"(?:Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)\.?"
 _ANY_DAY = re.compile(rf"\b(?:(?i:(?:mon|tues|wednes|thurs|fri|satur|sun)days?)|{_SHORT_DAY}(?![\w']))")
 #: A run of days: "Monday to Friday", "Mon-Fri", "Tuesday through Thursday".
 _DAY_RANGE = re.compile(rf"({_ANY_DAY.pattern})\s*(?:-|–|to|through|thru|until|till)\s*({_ANY_DAY.pattern})")

@@ -113,7 +113,8 @@ def test_a_first_run_compiles_the_matrix_kernel_and_whisper_once_in_the_worker(t
                  whisper_decoder.cross_attend, whisper_decoder.gelu_bias, whisper_decoder._rules]
         print(json.dumps({"said": said, "qmatvec": counts(qint.KERNELS[kind].matvec),
                           "step": counts(whisper_decoder.STEPS[kind]), "layers": counts(step_ops.LAYERS[kind, "64"]),
-                          "attend": counts(step_ops.ATTEND["64"]), "attend_any": counts(step_ops.ATTEND["any"]), "whisper_parts": [counts(d) for d in parts]}))
+                          "attend": counts(step_ops.ATTEND["64"]),
+                          "attend_any": counts(step_ops.ATTEND["any"]), "whisper_parts": [counts(d) for d in parts]}))
     """)
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env,
