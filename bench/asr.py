@@ -1,6 +1,7 @@
 """Word error per Whisper model on a set, with and without the persona's vocabulary; and our decoder vs CTranslate2's.
 
     .venv/bin/python bench/asr.py [--set own|heldout|human|FOLDER] [--models tiny.en,base] [--vocabulary both|on|off]
+                                  [--band wide|phone|both]
     .venv/bin/python bench/asr.py --decoders [--rounds 5] [--files samples/*.wav]
 
 **Word error** (the default): every utterance of the set (``SETS``; the name is printed first) is transcribed by each
@@ -11,7 +12,9 @@ vocabulary: the word error over the set (word edits over reference words, after 
 transcription time (its cost on the critical path: the ASR runs between the endpoint and the first token). Sets:
 ``own`` is the samples the project was built on (samples/*.wav and samples/turntaking), ``heldout`` the held-apart
 synthetic voices (samples/heldout/asr and samples/heldout/turntaking), ``human`` recordings of people
-(samples/heldout/human). See samples/heldout/README.md.
+(samples/heldout/human). See samples/heldout/README.md. ``--band phone``: each utterance as a phone call carries it
+and the server feeds it (``phone_band``: 8 kHz G.711 mu-law, widened to 16 kHz by ``voice.g711.BandWidener``);
+``both`` prints the wideband figures and the phone's, model by model.
 
 **Decoders** (``--decoders``): Whisper tiny.en, our decoder (voice/whisper_decoder.py, the decode core's kernels) vs
 CTranslate2's, same encoder. Each round transcribes every file with both transcribers, alternating, as the voice loop
@@ -41,6 +44,19 @@ def load(path: Path) -> np.ndarray:
     audio, rate = sf.read(path, dtype="float32", always_2d=True)
     audio = audio[:, 0]
     return audio if rate == 16000 else resample_poly(audio, 16000, rate).astype(np.float32)
+
+
+def phone_band(audio: np.ndarray) -> np.ndarray:
+    """16 kHz float audio as a phone call's server hears it: down to 8 kHz, mu-law coded and decoded, widened back to
+    16 kHz in 20 ms frames (``voice.g711.BandWidener``, the server's input path for ``audio/pcmu`` and the phone route)."""
+    from voice import g711
+    from voice.audio import resample
+
+    pcm = np.clip(np.rint(audio * 32768), -32768, 32767).astype(np.int16)
+    line = g711.mulaw_decode(g711.mulaw_encode(resample(pcm, 16000, 8000)))
+    widen = g711.BandWidener()
+    wide = np.concatenate([widen(line[i:i + 160]) for i in range(0, len(line), 160)])
+    return wide.astype(np.float32) / 32768
 
 
 def by_part(ours, audio: np.ndarray, rounds: int) -> dict[str, float]:
@@ -182,14 +198,18 @@ def word_error(args) -> int:
     voc = vocabulary(Persona())
     modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.vocabulary]
     print(f"vocabulary (the default persona's): {voc!r}")
-    audios = [load(f) for f, _, _ in items]
+    wide = [load(f) for f, _, _ in items]
+    bands = {"wide": ("wide",), "phone": ("phone",), "both": ("wide", "phone")}[args.band]
+    audio_by_band = {b: wide if b == "wide" else [phone_band(a) for a in wide] for b in bands}
+    print(f"band: {', '.join(bands)}" + (" (8 kHz mu-law, widened as the server feeds it)" if "phone" in bands else ""))
     rows = []
     for model in args.models.split(","):
         t0 = time.perf_counter()
         asr = WhisperTranscriber(model=model, vocabulary=voc)
         load_s = time.perf_counter() - t0
         asr.warmup()
-        for with_voc in modes:
+        for band, with_voc in ((b, v) for b in bands for v in modes):
+            audios = audio_by_band[band]
             edits = words = hits = persona_total = 0
             by_voice: dict[str, list[int]] = {}
             ms = []
@@ -206,26 +226,26 @@ def word_error(args) -> int:
                         persona_total += 1
                         hits += w in heard
                 if args.verbose:
-                    print(f"  {model:7s} {'voc' if with_voc else '   '} {f.name:48s} {e}/{n}  {ref!r} -> {tr.text!r}")
-            row = {"model": model, "vocabulary": with_voc, "wer": edits / max(1, words), "edits": edits, "words": words,
+                    print(f"  {model:7s} {band:5s} {'voc' if with_voc else '   '} {f.name:48s} {e}/{n}  {ref!r} -> {tr.text!r}")
+            row = {"model": model, "band": band, "vocabulary": with_voc, "wer": edits / max(1, words), "edits": edits, "words": words,
                    "persona_hits": hits, "persona_words": persona_total, "ms_p50": statistics.median(ms),
                    "ms_p95": sorted(ms)[int(0.95 * (len(ms) - 1))], "load_s": load_s,
                    "by_voice": {k: v[0] / max(1, v[1]) for k, v in sorted(by_voice.items())}}
             rows.append(row)
-            print(f"{model:8s} vocabulary {'on ' if with_voc else 'off'}: word error {row['wer']:.3f} ({edits}/{words}), "
+            print(f"{model:8s} {band:5s} vocabulary {'on ' if with_voc else 'off'}: word error {row['wer']:.3f} ({edits}/{words}), "
                   f"persona words heard {hits}/{persona_total}, transcription p50 {row['ms_p50']:.0f} / p95 "
                   f"{row['ms_p95']:.0f} ms (load {load_s:.1f} s)", flush=True)
     print("\nword error by voice:")
     voices = sorted({v for r in rows for v in r["by_voice"]})
-    heads = [f"{r['model']}{'+voc' if r['vocabulary'] else ''}" for r in rows]
+    heads = [f"{r['model']}{'' if r['band'] == 'wide' else '/ph'}{'+voc' if r['vocabulary'] else ''}" for r in rows]
     print(f"  {'voice':34s} " + " ".join(f"{h:>12s}" for h in heads))
     for v in voices:
         print(f"  {v:34s} " + " ".join(f"{r['by_voice'].get(v, float('nan')):12.3f}" for r in rows))
-    print(f"set: {args.set}")
+    print(f"set: {args.set}, band: {', '.join(bands)}")
     if args.json:
         import json
 
-        Path(args.json).write_text(json.dumps({"set": args.set, "vocabulary": voc, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"set": args.set, "bands": bands, "vocabulary": voc, "rows": rows}, indent=1))
     return 0
 
 
@@ -234,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", default="own", help=f"word error on this set: {', '.join(SETS)} or a folder (default own)")
     ap.add_argument("--models", default="tiny.en", help="comma-separated Whisper models (default tiny.en)")
     ap.add_argument("--vocabulary", choices=("both", "on", "off"), default="both", help="with the persona's vocabulary or not")
+    ap.add_argument("--band", choices=("wide", "phone", "both"), default="wide",
+                    help="the audio as recorded (wide), as a phone call's server hears it (8 kHz mu-law, widened), or both")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every transcript")
     ap.add_argument("--decoders", action="store_true", help="tiny.en: our decoder vs CTranslate2's (speed)")

@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from voice.asr import persona_vocabulary
@@ -133,3 +134,16 @@ def test_the_vocabulary_names_the_persona_its_products_and_places_not_its_plain_
     assert "Seagull" in prose and "Ocean Drive" in prose and "Pier Seven" in prose
     assert "Check-in" not in prose and "The" not in prose.split() and "PM" not in prose
     assert persona_vocabulary("", []) == ""
+
+
+def test_the_phone_band_of_the_asr_bench_is_the_servers_path_at_the_same_length_and_rate():
+    t = np.arange(16000) / 16000
+    tone = (0.3 * np.sin(2 * np.pi * 1000 * t)).astype(np.float32)
+    out = bench_asr().phone_band(tone)
+    assert out.dtype == np.float32 and len(out) == len(tone)
+    spectrum = np.abs(np.fft.rfft(out[1000:-1000]))
+    freqs = np.fft.rfftfreq(len(out) - 2000, 1 / 16000)
+    assert abs(freqs[np.argmax(spectrum)] - 1000) < 5  # the tone, where it was
+    image = spectrum[np.abs(freqs - 7000) < 20].max()  # the widener's mirror of it, about 10 dB down
+    assert 0.1 * spectrum.max() < image < 0.6 * spectrum.max()
+    assert not np.any(bench_asr().phone_band(np.zeros(3200, np.float32)))
