@@ -46,6 +46,8 @@ def relevant_facts(facts, question: str, previous: str | None = None, most: int 
 
 def _fact_text(key: str, value: str) -> str:
     value = value.strip().rstrip(".")
+    if key.endswith("?"):  # a FAQ's answer after its question ("How much are tickets? Adults $28.")
+        return f"{key} {value[:1].upper()}{value[1:]}."
     return f"{key}: {value}." if key else f"{value[:1].upper()}{value[1:]}."
 
 
@@ -53,9 +55,9 @@ _PRICE = re.compile(r"^(?:\$\s*\d|\d[\d.,]*\s*(?:dollars?|euros?|pounds?|cents?)
 
 
 def _answer(key: str, value: str) -> str:
-    """An example answer stating a fact."""
-    if not key:
-        return _fact_text(key, value)
+    """An example answer stating a fact (a FAQ's answer without its question)."""
+    if not key or key.endswith("?"):
+        return _fact_text("", value)
     value = value.strip().rstrip(".")
     from .retrieval import fact_types
 
@@ -205,7 +207,9 @@ def grounded_examples(name: str, facts) -> tuple[tuple[str, str], ...]:
             used.add(found[0])
             answers.append((q, _answer(*found[0])))
     keyed = [f for f in facts if f[0] and f not in used]
-    answers += [(f"What about the {k.lower()}?", _answer(k, v)) for k, v in keyed[: max(0, _N_FACT_EXAMPLES - len(answers))]]
+    keyed = [f for i, f in enumerate(keyed) if not any(g[0] == f[0] for g in keyed[:i])]  # (a FAQ's answer: its first fact)
+    answers += [(k if k.endswith("?") else f"What about the {k.lower()}?", _answer(k, v))
+                for k, v in keyed[: max(0, _N_FACT_EXAMPLES - len(answers))]]
     offs = [(q, _example_decline(topic, name)) for q, topic in _OFF_TOPIC_EXAMPLES]
     answers = answers[:_N_FACT_EXAMPLES]
     out = []

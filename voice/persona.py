@@ -15,7 +15,9 @@ rules section's lines are rules.
   subject ("Check-in begins at 3 PM and check-out is by 11 AM." -> two facts), so that the fact shown with a
   question says one thing; ``key: value`` lines stay pairs, and so does each ``key: value`` sentence of a paragraph
   that runs several together ("Address: 1400 Industrial Parkway. Hours: ..."); a ``Role:`` is the intro, a ``Style:``
-  a rule.
+  a rule.  A FAQ written as pairs ("Q: How much are tickets?" then "A: Adults $28. Children $12.") gives each sentence
+  of an answer as a fact keyed by its question: the question is what the fact is about (``subject``) when a caller's
+  question is ranked, and the answer alone is said (``voice.llm``).
 
 Plain text rules, no word lists about businesses: what a fact *means* is left to ``voice.retrieval``.
 """
@@ -158,7 +160,16 @@ def split_instructions(text: str) -> Instructions:
     """``text`` as intro, rules and facts (see the module's docstring)."""
     intro, rules, facts = [], [], []
     lines, aims = [], []
+    asked = ""  # a FAQ's question waiting for its answer ("Q: ..." then "A: ...")
     for section, line in _sections(text):
+        if faq := _FAQ.match(line):
+            if faq.group(1)[0] in "Qq":
+                asked = faq.group(2).strip()
+                continue
+            if asked:  # each sentence of the answer a fact, keyed by its question (``subject``: what it is about)
+                facts += [(asked, c.rstrip(".")) for s in sentences(faq.group(2)) for c in clauses(s)]
+                asked = ""
+                continue
         if section == "role":  # "Your goal is to help callers ..." under "# Role & Objective": after who it is
             said = sentences(line)
             aims += [_end(x) for x in said if not (_INTRO.search(x) or re.search(r"\d", x))]
@@ -218,7 +229,7 @@ def _sections(text: str) -> list[tuple[str, str]]:
     out, section = [], ""
     lines = [line.strip() for line in text.strip().splitlines()] + [""]
     for i, line in enumerate(lines):
-        heading = _HEADING.match(line) or _HEADING_LINE.match(line)
+        heading = _HEADING.match(line) or _HEADING_LINE.match(line) or _FAQ_HEADING.match(line)
         if heading:
             name = heading.group(1).strip("*_ ")
             section = "role" if _ROLE_SECTION.match(name) else "style" if _STYLE_SECTION.match(name) else ""
@@ -232,6 +243,13 @@ def _sections(text: str) -> list[tuple[str, str]]:
         if line:
             out.append((section, line))
     return out
+
+
+#: A FAQ's own heading on a line alone ("FAQ", "Frequently asked questions", "Q&A"): no fact.
+_FAQ_HEADING = re.compile(r"^((?:FAQs?|frequently asked questions|common questions|Q ?& ?A)):?$", re.I)
+#: A line of a FAQ written as pairs: "Q: Do you take cards?" then "A: Yes, all of them." (or "Question:" and "Answer:",
+#: "Q." and "A)", in bold or not).  The answer's sentences are facts keyed by the question.
+_FAQ = re.compile(r"^(?:\*\*|__)?(Q|A|Question|Answer)(?:\*\*|__)?\s*[:.)]\s*(?:\*\*|__)?\s*(\S.*)$")
 
 
 #: A line about the business's patrons ("Everyone signs the waiver before their first visit.", "Guests must check out by

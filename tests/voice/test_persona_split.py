@@ -233,3 +233,35 @@ def test_a_rules_section_keeps_the_business_rules_for_its_patrons_as_facts():
     assert p.rules == ("Never give climbing technique tips.",)
     assert ("", "Everyone signs the online waiver before their first visit") in p.facts
     assert ("", "Kids must be with an adult") in p.facts
+
+
+FAQ = """You are Pip, the phone assistant of Copper Kettle Cycles. Keep answers short.
+
+Frequently asked questions
+
+Q: Do you fix electric bikes?
+A: Yes, we service e-bikes from every major brand. Battery diagnostics cost $30.
+
+**Q:** How long does a tune-up take?
+**A:** Usually two days. Book at least a week ahead in spring.
+
+Question: Who owns the shop?
+Answer: Hana Sato, since 2015.
+"""
+
+
+def test_a_faq_of_question_and_answer_lines_is_facts_keyed_by_their_questions():
+    p = split_instructions(FAQ)
+    assert p.facts == (
+        ("Do you fix electric bikes?", "Yes, we service e-bikes from every major brand"),
+        ("Do you fix electric bikes?", "Battery diagnostics cost $30"),
+        ("How long does a tune-up take?", "Usually two days"),
+        ("How long does a tune-up take?", "Book at least a week ahead in spring"),
+        ("Who owns the shop?", "Hana Sato, since 2015"),
+    )
+    assert p.rules == ("Keep answers short.",)  # the FAQ's heading is no fact, nor are the "Q:" lines
+    assert subject(*p.facts[1]) == "Do you fix electric bikes?"  # what a fact of a FAQ is about: its question
+
+
+def test_a_faq_question_without_its_answer_states_nothing():
+    assert split_instructions("Q: Are you open late?").facts == ()

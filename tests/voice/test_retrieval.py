@@ -270,3 +270,24 @@ def test_an_abbreviated_day_makes_a_fact_one_that_gives_a_day(fact, is_day):
     from voice.retrieval import fact_types
 
     assert ("day" in fact_types(fact)) is is_day
+
+
+FAQ = ("You are Pip, the phone assistant of Copper Kettle Cycles. Keep answers short.\n\nFAQ\n\n"
+       "Q: Do you fix electric bikes?\nA: Yes, we service e-bikes from every major brand. Battery diagnostics cost $30.\n\n"
+       "Q: How long does a tune-up take?\nA: Usually two days.\n\n"
+       "Q: Who owns the shop?\nA: Hana Sato, since 2015.\n\n"
+       "Q: Where are you?\nA: 9 Mill Lane, behind the station.\n")
+
+
+@kind(ENGINES)
+def test_a_faq_is_searched_by_its_questions_and_answered_by_its_answers():
+    shop = Persona.from_instructions(FAQ)
+    assert "Hana Sato" in found(shop, "Who's the owner?")[0]
+    assert "e-bikes" in found(shop, "Can you work on my e-bike?")[0]
+    assert "Usually two days" in found(shop, "How quick is a tune-up?")[0]
+    assert "9 Mill Lane" in found(shop, "What's your address?")[0]
+    msgs, start = shop.turn("What's your address?")
+    fact = msgs[-1]["content"]
+    assert fact.startswith("Fact: 9 Mill Lane") and "?" not in fact  # the answer is said, not its question
+    assert "- Where are you? 9 Mill Lane, behind the station." in shop.system  # the model reads both
+    assert found(shop, "Can you tell me a joke?") == []
