@@ -9,8 +9,9 @@ pieces and the phrase chunker (``voice.phrases``), so that whatever the chunker 
   holding the unfinished word costs no time);
 - a word that states an unsupported claim (``unsupported``) stops the reply there: the guard hands out ``fallback``
   instead (what the agent does know, or that it does not know) and nothing more of the model's text;
-- a reply that starts saying again what it said (four words in a row it already said) stops there too: the words that
-  began the repeat are held back while they match and dropped (the repetition stop of a small model's loops).
+- a reply that starts saying again what it said (four words in a row it already said), says six words in a row again,
+  or says one, two or three words three times in a row ("Sorry, I'm sorry, I'm sorry, I'm") stops there too: the words
+  that began the repeat are held back while they match and dropped (the repetition stop of a small model's loops).
 
 What counts as a claim: digits ("3", "10:30", "$18.50", "seagull42"), number words ("forty-five"), a word written with a
 capital letter that does not open a sentence (a name: "Daniel Okafor", "SHEBELLA", "Tuesday"), and the word said as a
@@ -38,6 +39,8 @@ _SECRET_CUE = re.compile(r"\b(?:password|passcode|code|pin|wi-?fi key)\s*(?:is|:
 _SENTENCE_END = re.compile(r"[.!?:;][\"')\]]*$")
 REPEAT_WORDS = 4
 LOOP_WORDS = 6
+#: the longest run of words that may not come three times in a row (a loop too short for ``LOOP_WORDS``)
+STUTTER_WORDS = 3
 
 
 def _numeric_claims(token: str) -> list[str]:
@@ -242,6 +245,11 @@ def _repeating_tail(words: list[tuple[str, bool]]) -> tuple[int, bool]:
     n = len(text)
     if n >= 2 * LOOP_WORDS and any(text[j:j + LOOP_WORDS] == text[n - LOOP_WORDS:] for j in range(n - 2 * LOOP_WORDS + 1)):
         return LOOP_WORDS, True
+    for p in range(1, STUTTER_WORDS + 1):  # "Sorry, I'm sorry, I'm sorry, I'm ...": a short run three times in a row
+        unit = text[n - p:]
+        if (n >= 3 * p and text[n - 2 * p:n - p] == unit and text[n - 3 * p:n - 2 * p] == unit
+                and not any(w.isdigit() or w in _NUMBER_WORDS for w in unit)):  # (not digits read out: "nine nine nine")
+            return 2 * p, True
     starts = [i for i, (_, first) in enumerate(words) if first]
     if not starts or starts[-1] == 0:
         return 0, False

@@ -133,3 +133,20 @@ def test_nothing_is_handed_out_after_a_stop():
     g = ReplyGuard(KNOWN, FALLBACK)
     feed(g, tokens("It costs 99 dollars."))
     assert g.stopped and g.feed(" more") == "" and g.finish() == ""
+
+
+@pytest.mark.parametrize("text, unit, most, after", [
+    ("Sorry, I'm sorry, I'm sorry, I'm sorry, I'm sorry, I'm sorry, I'm sorry.", "sorry", 3, None),
+    ("The dog is welcome welcome welcome welcome here.", "welcome", 2, "here"),
+    ("Yes, it is a a a a good one.", " a ", 2, "good"),
+])
+def test_a_short_run_said_three_times_in_a_row_stops(text, unit, most, after):
+    g = ReplyGuard(KNOWN, FALLBACK)
+    out = feed(g, tokens(text))
+    assert g.stopped == "repeat" and out.lower().count(unit) <= most and (after is None or after not in out)
+
+
+def test_digits_read_out_and_a_word_said_twice_are_no_loop():
+    g = ReplyGuard(knowledge("For emergencies call nine nine nine, or five five five, zero one one one.", ""), FALLBACK)
+    text = "Call nine nine nine, or five five five, zero one one one. Bye bye."
+    assert feed(g, tokens(text)) == text and g.stopped is None
