@@ -36,6 +36,11 @@ _RULE = re.compile(r"^(?:please\s+)?(?:be|keep|answer|talk|speak|respond|reply|u
                    r"remember|stay|sound|greet|try|refer|act|only|politely|kindly|feel free|assist|address)\b|"
                    r"^(?:all\s+)?(?:responses|answers|replies)\s+(?:should|must|need|have to)\b|"
                    r"\b(?:your (?:answers|replies|responses|tone)|you (?:should|must|may not|never|always))\b", re.I)
+#: How a sentence that hands the assistant a fact starts ("You should know that we are open ...", "Please note: ...",
+#: "Keep in mind that ..."): the rest is the fact ("Remember to smile" stays a rule: no "that" or colon).
+_KNOW_THAT = re.compile(r"^(?:you (?:should|need to|ought to) (?:know|be aware)|it's (?:worth|good) (?:knowing|to know)|"
+                        r"(?:please\s+)?(?:note|remember|keep in mind|be aware|bear in mind)|fyi|for your information)"
+                        r"\s*(?:,\s*)?(?:that\b|:)\s*(?=\S)", re.I)
 #: A sentence saying who the assistant is.
 _INTRO = re.compile(r"^(?:you are|you're|you answer|you work|you handle|you take|your name is|"
                     r"this is the (?:\w+ ){0,3}(?:assistant|receptionist|agent|helper|line))\b", re.I)
@@ -198,10 +203,12 @@ def split_instructions(text: str) -> Instructions:
             lead += s + " "
             continue
         s, lead = lead + s, ""
+        if known := _KNOW_THAT.match(s):  # "You should know that we are open ...": what follows is a fact
+            s = _sentence_case(s[known.end():])
         if _INTRO.search(s):
             intro.append(s)
-            if _has_content(s):
-                facts.append(("", first_person(s).rstrip(".")))
+            if _has_content(s):  # (one fact per clause: "...; the shop's number is ... and the manager is ...")
+                facts += [("", c.rstrip(".")) for c in clauses(first_person(s))]
         elif _RULE.search(s):
             rules.append(s)
         else:

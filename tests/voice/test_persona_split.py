@@ -124,11 +124,28 @@ def test_a_paragraph_of_key_value_sentences_is_split_into_pairs():
 
 
 def test_a_time_or_a_note_is_not_a_key():
-    """"at 9:00" is no "key: value" (its colon has no space after it), and "Note: ..." is a sentence, kept as a fact."""
+    """"at 9:00" is no "key: value" (its colon has no space after it), and "Note: ..." is a sentence, kept as a fact
+    (without its "Note:")."""
     assert split_instructions("We open at 9:00 a.m. daily. Our owner is Dr. Lee.").facts == (
         ("", "We open at 9:00 a.m. daily"), ("", "Our owner is Dr. Lee"))
     got = split_instructions("You are Ava at the Harborview Inn. Note: pets are welcome. Parking: free.")
-    assert ("", "Note: pets are welcome") in got.facts
+    assert ("", "Pets are welcome") in got.facts
+
+
+@pytest.mark.parametrize("sentence, fact", [
+    ("You should know that we are open daily from 9 to 5.", "We are open daily from 9 to 5"),
+    ("Please note that parking is free after 6 PM.", "Parking is free after 6 PM"),
+    ("Keep in mind: the studio is closed on bank holidays.", "The studio is closed on bank holidays"),
+])
+def test_a_sentence_that_hands_the_assistant_a_fact_is_that_fact(sentence, fact):
+    got = split_instructions(f"You are Ava at the Harborview Inn. {sentence} Remember to smile.")
+    assert ("", fact) in got.facts and got.rules == ("Remember to smile.",)
+
+
+def test_an_intro_that_states_several_things_is_a_fact_each():
+    got = split_instructions("You are Wren at Inkwell Print, a print shop at 3 Foundry Street; the shop's number is "
+                             "555-0100 and the manager is Odile Ferreira.")
+    assert ("", "The shop's number is 555-0100") in got.facts and ("", "The manager is Odile Ferreira") in got.facts
 
 
 @pytest.mark.parametrize("sentence, parts", [
