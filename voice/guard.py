@@ -13,10 +13,11 @@ pieces and the phrase chunker (``voice.phrases``), so that whatever the chunker 
   or says one, two or three words three times in a row ("Sorry, I'm sorry, I'm sorry, I'm") stops there too: the words
   that began the repeat are held back while they match and dropped (the repetition stop of a small model's loops).
 
-What counts as a claim: digits ("3", "10:30", "$18.50", "seagull42"), number words ("forty-five"), a word written with a
-capital letter that does not open a sentence (a name: "Daniel Okafor", "SHEBELLA", "Tuesday"), and the word said as a
-password, code or PIN.  A claim is supported when ``Knowledge`` (built from the persona's text and the conversation)
-has it: the same number, the same time or decimal, the same word.
+What counts as a claim: digits ("3", "10:30", "$18.50", "seagull42"), number words ("forty-five"), a word of letters and
+digits as a whole ("seagull42": not only its 42), a word written with a capital letter that does not open a sentence (a
+name: "Daniel Okafor", "SHEBELLA", "Tuesday"), and the word said as a password, code or PIN.  A claim is supported
+when ``Knowledge`` (built from the persona's text and the conversation) has it: the same number, the same time or
+decimal, the same word.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ _NUMERIC = re.compile(r"\d+(?:[:.]\d+)?")
 _WORD = re.compile(r"[A-Za-z0-9$](?:[A-Za-z0-9'’.-]|:(?=\d))*")
 _SECRET_CUE = re.compile(r"\b(?:password|passcode|code|pin|wi-?fi key)\s*(?:is|:)?\s*$", re.I)
 _SENTENCE_END = re.compile(r"[.!?:;][\"')\]]*$")
+#: A word of letters and digits, three letters in a row among them: a code, a password, a product ("seagull42",
+#: "LANTERN25"), which is stated only as the operator wrote it (its digits alone may be known: "88" of "papercut88").
+_CODE = re.compile(r"(?=[a-z0-9]*[a-z]{3})(?=[a-z]*\d)[a-z0-9]+")
+#: ... but not a number with its unit or ordinal ("10am", "5th", "30mins", "12kg").
+_UNIT = re.compile(r"\d+(?:st|nd|rd|th|am|pm|hrs?|mins?|secs?|kgs?|kms?|lbs?|mph|kph|kmh|gb|mb|kb|ml|cm|mm|days?|"
+                   r"weeks?|months?|years?|yrs?)")
 REPEAT_WORDS = 4
 LOOP_WORDS = 6
 #: the longest run of words that may not come three times in a row (a loop too short for ``LOOP_WORDS``)
@@ -144,7 +151,9 @@ def _claims(text: str, known: Knowledge) -> list[tuple[int, str]]:
             if not known.has_number(claim):
                 out.append((i, claim))
         word = token.strip(".'’-")
-        if (word[:1].isupper() and not first and word.lower() not in _PLAIN and not any(c.isdigit() for c in word)
+        if _CODE.fullmatch(word.lower()) and not _UNIT.fullmatch(word.lower()) and not known.has_word(word):
+            out.append((i, word))  # a code or password said whole ("paperclip88" for "papercut88": its 88 is known)
+        elif (word[:1].isupper() and not first and word.lower() not in _PLAIN and not any(c.isdigit() for c in word)
                 and not known.has_word(word)):
             out.append((i, word))
         elif _SECRET_CUE.search(text[:m.start()]) and not known.has_word(word) and not any(c.isdigit() for c in word):

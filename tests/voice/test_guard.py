@@ -28,6 +28,9 @@ FALLBACK = "Sorry, I don't have that information."
     ("Parking is forty-five dollars.", ["45"]),
     ("Dogs under 40 pounds are welcome.", []),  # "forty" in the text, 40 in the reply
     ("The password is seagull42.", []),
+    ("The password is seagull24.", ["seagull24", "24"]),
+    ("The password is gull42.", ["gull42"]),  # its 42 is known, the word is not: a code is said whole or not at all
+    ("Breakfast is at 7am, the bar opens at 10pm on the 5th.", ["5", "7"]),  # times and ordinals: their numbers
     ("The password is SHEBELLA.", ["SHEBELLA"]),  # the invented password
     ("The password is sunshine.", ["sunshine"]),  # a lower-case word said as a password
     ("The manager is Daniel Okafor.", []),
