@@ -17,7 +17,8 @@ rules section's lines are rules.
   that runs several together ("Address: 1400 Industrial Parkway. Hours: ..."); a ``Role:`` is the intro, a ``Style:``
   a rule.  A FAQ written as pairs ("Q: How much are tickets?" then "A: Adults $28. Children $12.") gives each sentence
   of an answer as a fact keyed by its question: the question is what the fact is about (``subject``) when a caller's
-  question is ranked, and the answer alone is said (``voice.llm``).
+  question is ranked, and the answer alone is said (``voice.llm``).  A table ("Size | Price | Time" over "Small dog |
+  $40 | 1 hour", with Markdown's pipes and rules or without) gives a fact per row, keyed by its first cell.
 
 Plain text rules, no word lists about businesses: what a fact *means* is left to ``voice.retrieval``.
 """
@@ -166,7 +167,18 @@ def split_instructions(text: str) -> Instructions:
     intro, rules, facts = [], [], []
     lines, aims = [], []
     asked = ""  # a FAQ's question waiting for its answer ("Q: ..." then "A: ...")
+    header: list[str] | None = None  # a table's column names, while its rows go on
     for section, line in _sections(text):
+        if section != "role" and (cells := _table_cells(line)) is not None:
+            if not cells:  # (Markdown's "|---|---|" under the header)
+                continue
+            if header is None and not re.search(r"\d", line):  # the header: a first row without a number
+                header = cells
+                continue
+            facts.append(_table_fact(cells, header))
+            header = header or []  # (a table without a header: its rows are still one table)
+            continue
+        header = None
         if faq := _FAQ.match(line):
             if faq.group(1)[0] in "Qq":
                 asked = faq.group(2).strip()
@@ -250,6 +262,29 @@ def _sections(text: str) -> list[tuple[str, str]]:
         if line:
             out.append((section, line))
     return out
+
+
+def _table_cells(line: str) -> list[str] | None:
+    """A table row's cells ("Small dog | $40 | 1 hour", Markdown's "| Small dog | $40 |"), [] for Markdown's
+    separator row, None for a line that is no table row (fewer than two cells)."""
+    body = line.strip()
+    if "|" not in body:
+        return None
+    cells = [c.strip() for c in body.strip("|").split("|")]
+    if len(cells) < 2:
+        return None
+    if all(re.fullmatch(r":?-{2,}:?", c) for c in cells):
+        return []
+    return cells
+
+
+def _table_fact(cells: list[str], header: list[str]) -> tuple[str, str]:
+    """A table row as a fact keyed by its first cell: the second cell, then each further cell after its column's name
+    ("Small dog (under 10 kg)", "$40, time on the table 1 hour")."""
+    rest = [c for c in cells[1:] if c]
+    named = [f"{h[:1].lower()}{h[1:]} {c}" if i >= 1 and h else c
+             for i, (h, c) in enumerate(zip((header[1:] if header else []) + [""] * len(cells), cells[1:])) if c]
+    return cells[0], ", ".join(named or rest)
 
 
 #: A FAQ's own heading on a line alone ("FAQ", "Frequently asked questions", "Q&A"): no fact.

@@ -282,3 +282,12 @@ def test_a_faq_of_question_and_answer_lines_is_facts_keyed_by_their_questions():
 
 def test_a_faq_question_without_its_answer_states_nothing():
     assert split_instructions("Q: Are you open late?").facts == ()
+
+
+def test_a_table_gives_a_fact_per_row_keyed_by_its_first_cell():
+    markdown = ("You are Ava at Spin Cycle.\n\n## Prices\n| Service | Price | Ready |\n|---|---|---|\n"
+                "| Wash and fold | $2 a pound | next day |\n| Duvet | $25 | in 2 days |\n\nKeep answers short.")
+    assert split_instructions(markdown).facts == (("Wash and fold", "$2 a pound, ready next day"),
+                                                  ("Duvet", "$25, ready in 2 days"))
+    bare = split_instructions("You are Ava at Spin Cycle.\n- Small dog | $40 | 1 hour\n- Large dog | $75 | 2 hours")
+    assert bare.facts == (("Small dog", "$40, 1 hour"), ("Large dog", "$75, 2 hours"))  # no header: the cells alone
