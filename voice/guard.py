@@ -195,10 +195,13 @@ class ReplyGuard:
             return ""
         return self._release(cut + 1, final=False)
 
-    def finish(self) -> str:
-        """The end of the model's text: the rest, checked (or nothing, once stopped)."""
+    def finish(self, cut: bool = False) -> str:
+        """The end of the model's text: the rest, checked (or nothing, once stopped).  ``cut``: the model was stopped
+        at its token limit, so its last word may be half a word ("... From this month, S"): that word is dropped."""
         if self.stopped:
             return ""
+        if cut:
+            self._pending = self._pending[:max(self._pending.rfind(" "), self._pending.rfind("\n")) + 1]
         return self._release(len(self._pending), final=True)
 
     def _release(self, end: int, final: bool) -> str:

@@ -544,7 +544,7 @@ class LLMConversation:
                     yield text
                 if guard.stopped:
                     break
-            if text := guard.finish():
+            if text := guard.finish(cut=out >= self.max_tokens):  # (at the token limit: a half word is not said)
                 yield text
         finally:
             self.last_usage = Usage(input_tokens=len(ids), cached_tokens=max(0, cached), output_tokens=out)

@@ -197,6 +197,7 @@ def split_instructions(text: str) -> Instructions:
             # patrons, wherever it stands: a gym's "# Rules" are its members')
         else:
             lines += _inline_pairs(line)
+    lines = [part for ln in lines for part in _key_over_paragraph(ln)]
     pairs = [m.groups() for ln in lines if (m := _KEY_VALUE.match(ln)) and not _NOT_A_KEY.match(m.group(1))]
     prose = " ".join(_end(ln) for ln in lines if not (m := _KEY_VALUE.match(ln)) or _NOT_A_KEY.match(m.group(1))
                      if not ln.endswith(":"))
@@ -262,6 +263,23 @@ def _sections(text: str) -> list[tuple[str, str]]:
         if line:
             out.append((section, line))
     return out
+
+
+def _key_over_paragraph(line: str) -> list[str]:
+    """A ``key: value`` line whose value runs to three sentences or more, as the lines it states: the key with its first
+    sentence, the rest as prose ("Where we are: 9 Ropewalk Yard. Our number is 555-0100. ..."); where that first
+    sentence is a whole one, with its own subject and verb, the key was a heading and every sentence is prose ("Our
+    prices: shortening trousers costs $16 a pair. A new zip is $18. ...").  Any other line as it is (a value of one or
+    two sentences stays the key's: "Parking: free lot behind us. Overflow on Elm Street.")."""
+    m = _KEY_VALUE.match(line)
+    if not m or _NOT_A_KEY.match(m.group(1)) or _ROLE_KEY.match(m.group(1).strip()) or _STYLE_KEY.match(m.group(1).strip()):
+        return [line]
+    said = sentences(m.group(2))
+    if len(said) < 3:
+        return [line]
+    if not re.match(r"[$£€\d]", said[0]) and _has_subject_and_verb(said[0]):  # (not "$110 a month for open studio time")
+        return [" ".join(_end(x) for x in said)]
+    return [f"{m.group(1).strip()}: {said[0].rstrip('.')}", " ".join(_end(x) for x in said[1:])]
 
 
 def _table_cells(line: str) -> list[str] | None:

@@ -153,3 +153,11 @@ def test_digits_read_out_and_a_word_said_twice_are_no_loop():
     g = ReplyGuard(knowledge("For emergencies call nine nine nine, or five five five, zero one one one.", ""), FALLBACK)
     text = "Call nine nine nine, or five five five, zero one one one. Bye bye."
     assert feed(g, tokens(text)) == text and g.stopped is None
+
+
+def test_a_reply_cut_at_the_token_limit_drops_its_half_word():
+    g = ReplyGuard(KNOWN, FALLBACK)
+    said = g.feed("Check-in begins at 3 PM. From Tuesday, ch")
+    assert said + g.finish(cut=True) == "Check-in begins at 3 PM. From Tuesday, " and g.stopped is None
+    whole = ReplyGuard(KNOWN, FALLBACK)
+    assert whole.feed("Check-in begins at 3 PM") + whole.finish() == "Check-in begins at 3 PM"  # a reply that ended

@@ -291,3 +291,14 @@ def test_a_table_gives_a_fact_per_row_keyed_by_its_first_cell():
                                                   ("Duvet", "$25, ready in 2 days"))
     bare = split_instructions("You are Ava at Spin Cycle.\n- Small dog | $40 | 1 hour\n- Large dog | $75 | 2 hours")
     assert bare.facts == (("Small dog", "$40, 1 hour"), ("Large dog", "$75, 2 hours"))  # no header: the cells alone
+
+
+def test_a_key_over_a_paragraph_keeps_its_first_sentence_or_heads_prose():
+    heading = split_instructions("You are Mira at Stitch in Time.\n\nOur prices: shortening trousers costs $16 a pair. A new "
+                                 "zip is $18. Taking in a jacket starts from $45.")
+    assert heading.facts[-3:] == (("", "Shortening trousers costs $16 a pair"), ("", "A new zip is $18"),
+                                  ("", "Taking in a jacket starts from $45"))
+    keyed = split_instructions("You are Ava at Tidewater.\n\nMinimum age: 12. Children 5 to 11 ride with an adult. "
+                               "Under 5s stay ashore.\nParking: free lot behind us. Overflow on Elm Street.")
+    assert keyed.facts[-4:] == (("Minimum age", "12"), ("Parking", "free lot behind us. Overflow on Elm Street"),
+                                ("", "Children 5 to 11 ride with an adult"), ("", "Under 5s stay ashore"))
