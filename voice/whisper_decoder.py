@@ -15,7 +15,8 @@ One step (``Decoder.step``) runs the architecture of OpenAI's Whisper decoder: t
 embedding; per layer, pre-norm self-attention (q|k|v fused, causal over the tokens so far), pre-norm
 cross-attention over the encoder's output (its keys and values computed once per utterance in
 ``Decoder.start``), pre-norm GELU MLP, each added to the residual; a final norm, then logits against the
-embeddings. ``greedy`` applies the rules CTranslate2's ``generate`` applies for Whisper (suppressed
+embeddings. A prompt's tokens go through the same kernel in one pass (``Decoder.prefill``: each matrix read once
+for all of them, the result the steps' to the bit). ``greedy`` applies the rules CTranslate2's ``generate`` applies for Whisper (suppressed
 tokens, a blank suppressed at the first step, timestamps in pairs, non-decreasing, the first at most at
 ``max_initial_timestamp``, a timestamp forced when timestamps together outweigh the best text token) and
 returns the tokens, their log-probability and the no-speech probability at the start token.
@@ -176,12 +177,15 @@ def cross_attend(q, bias, kv, heads, out, scores):
 def _step(kind: str):
     def step(pos, x, h, qkv, att, q, ffn, aq, ad, as_, am, W, norms, biases, k_cache, v_cache, cross, heads, scores,
              logits, d, want_logits):
-        """One decoder step on ``x (1, d)`` (its token and position embedded already) through every layer, then
-        (``want_logits``) the final norm and the logits, on the products of the path's ``qint`` kernel: a prompt's
-        token whose logits nobody reads writes only its keys and values (the vocabulary's projection, ~2/3 of a
-        step on Whisper tiny, is skipped). ``W`` is the tuple of the
-        stacked packed matrices (q|k|v, self out, cross q, cross out, fc1, fc2, projection), each ``(qtype, qs,
-        d, m)``; ``norms (layers + 1, 3, 2, d)`` gamma and beta; ``biases`` their tuple of ``(layers, n)``."""
+        """Decoder steps on the rows of ``x (B, d)`` (their tokens and positions ``pos``, ``pos + 1``, ... embedded
+        already) through every layer, then (``want_logits``) the final norm and the logits of the last row, on the
+        products of the path's ``qint`` kernel: one step is one row; a prompt's tokens go through together, each
+        matrix read once for all of them (row ``b`` attends over positions ``0 .. pos + b``: what stepping them one at
+        a time computes).  Rows whose logits nobody reads write only their keys and values (the vocabulary's
+        projection, ~2/3 of a step on Whisper tiny, is skipped).  ``W`` is the tuple of the stacked packed matrices
+        (q|k|v, self out, cross q, cross out, fc1, fc2, projection), each ``(qtype, qs, d, m)``; ``norms (layers + 1,
+        3, 2, d)`` gamma and beta; ``biases`` their tuple of ``(layers, n)``; ``h``, ``qkv``, ``att``, ``q``, ``ffn``
+        have ``B`` rows, and ``aq, ad, as_, am`` room for ``B`` rows of the widest product's input."""
         empty = np.zeros((0, 0), np.float32)
         t0, qs0, d0, m0 = W[0]
         t1, qs1, d1, m1 = W[1]
@@ -191,29 +195,37 @@ def _step(kind: str):
         t5, qs5, d5, m5 = W[5]
         t6, qs6, d6, m6 = W[6]
         b0, b1, b2, b3, b4, b5 = biases
+        rows = x.shape[0]
         for i in range(qs0.shape[0]):
-            layer_norm(x[0], norms[i, 0, 0], norms[i, 0, 1], h)
+            for b in range(rows):
+                layer_norm(x[b], norms[i, 0, 0], norms[i, 0, 1], h[b:b + 1])
             qmatvec(kind, t0, qs0[i], d0[i], m0[i], h, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, qkv, False)
-            self_attend(qkv[0], b0[i], k_cache[i], v_cache[i], pos, heads, att[0], scores)
+            for b in range(rows):
+                self_attend(qkv[b], b0[i], k_cache[i], v_cache[i], pos + b, heads, att[b], scores)
             qmatvec(kind, t1, qs1[i], d1[i], m1[i], att, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, x, True)
-            for j in range(d):
-                x[0, j] += b1[i, j]
-            layer_norm(x[0], norms[i, 1, 0], norms[i, 1, 1], h)
+            for b in range(rows):
+                for j in range(d):
+                    x[b, j] += b1[i, j]
+                layer_norm(x[b], norms[i, 1, 0], norms[i, 1, 1], h[b:b + 1])
             qmatvec(kind, t2, qs2[i], d2[i], m2[i], h, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, q, False)
-            cross_attend(q[0], b2[i], cross[i], heads, att[0], scores)
+            for b in range(rows):
+                cross_attend(q[b], b2[i], cross[i], heads, att[b], scores)
             qmatvec(kind, t3, qs3[i], d3[i], m3[i], att, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, x, True)
-            for j in range(d):
-                x[0, j] += b3[i, j]
-            layer_norm(x[0], norms[i, 2, 0], norms[i, 2, 1], h)
+            for b in range(rows):
+                for j in range(d):
+                    x[b, j] += b3[i, j]
+                layer_norm(x[b], norms[i, 2, 0], norms[i, 2, 1], h[b:b + 1])
             qmatvec(kind, t4, qs4[i], d4[i], m4[i], h, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, ffn, False)
-            gelu_bias(ffn, b4[i])
+            for b in range(rows):
+                gelu_bias(ffn[b:b + 1], b4[i])
             qmatvec(kind, t5, qs5[i], d5[i], m5[i], ffn, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, x, True)
-            for j in range(d):
-                x[0, j] += b5[i, j]
+            for b in range(rows):
+                for j in range(d):
+                    x[b, j] += b5[i, j]
         if want_logits:
             last = qs0.shape[0]
-            layer_norm(x[0], norms[last, 0, 0], norms[last, 0, 1], h)
-            qmatvec(kind, t6, qs6[0], d6[0], m6[0], h, 0, NO_NORM, 0.0, empty, aq, ad, as_, am, logits, False)
+            layer_norm(x[rows - 1], norms[last, 0, 0], norms[last, 0, 1], h[0:1])
+            qmatvec(kind, t6, qs6[0], d6[0], m6[0], h[0:1], 0, NO_NORM, 0.0, empty, aq, ad, as_, am, logits, False)
 
     return path_jit(step, kind)
 
@@ -382,6 +394,7 @@ class Decoder:
         self.logits = np.zeros((1, self.vocab), np.float32)
         self.act = qint.Activations(max(3 * d, self.ffn.shape[1]))
         self._cross = np.zeros((layers, 2, self.heads, 0, 64), np.float32)
+        self._rows: dict[int, tuple] = {}  # ``prefill``'s buffers, by its number of tokens
 
     def fork(self) -> Decoder:
         """Another decoder on the same weights (its own caches), for another thread."""
@@ -415,6 +428,30 @@ class Decoder:
         a = self.act
         self._step(pos, self.x, self.h, self.qkv, self.att, self.q, self.ffn, a.q, a.d, a.s, a.m, w.products, w.norms,
                    w.biases, self.k_cache, self.v_cache, self._cross, self.heads, self.scores, self.logits, self.d, logits)
+        return self.logits[0] if logits else None
+
+    def prefill(self, tokens: list[int], pos: int, logits: bool = True) -> np.ndarray | None:
+        """``step`` for each of ``tokens`` at ``pos``, ``pos + 1``, ... in one pass (each matrix read once for all of
+        them: a prompt's tokens); the logits ``(vocab,)`` after the last one, or None (``logits`` False).  The keys and
+        values cached, and the logits, are what stepping them one at a time gives."""
+        n = len(tokens)
+        if n == 1:
+            return self.step(tokens[0], pos, logits)
+        if n < 1 or not 0 <= pos or pos + n > self.n_ctx:
+            raise ValueError(f"positions {pos}..{pos + n - 1} outside Whisper's {self.n_ctx}-token context")
+        if self._cross.shape[3] == 0:
+            raise RuntimeError("Decoder.prefill before Decoder.start")
+        w = self.weights
+        buf = self._rows.get(n)
+        if buf is None:
+            d, f = self.d, self.ffn.shape[1]
+            buf = self._rows[n] = (np.zeros((n, d), np.float32), np.zeros((n, d), np.float32), np.zeros((n, 3 * d), np.float32),
+                                   np.zeros((n, d), np.float32), np.zeros((n, d), np.float32), np.zeros((n, f), np.float32),
+                                   qint.Activations(max(3 * d, f), n))
+        x, h, qkv, att, q, ffn, a = buf
+        np.add(w.embeddings[np.asarray(tokens)], w.positions[pos:pos + n], out=x, dtype=np.float32)
+        self._step(pos, x, h, qkv, att, q, ffn, a.q, a.d, a.s, a.m, w.products, w.norms, w.biases, self.k_cache,
+                   self.v_cache, self._cross, self.heads, self.scores, self.logits, self.d, logits)
         return self.logits[0] if logits else None
 
 
@@ -529,10 +566,10 @@ def greedy(dec: Decoder, prompt: list[int], max_new: int, *, eot: int, ts_begin:
     logits = None
     at = no_speech_at % len(prompt)
     no_speech_prob = 0.0
-    for pos, tok in enumerate(prompt):
-        logits = dec.step(tok, pos, logits=pos == at or pos == len(prompt) - 1)
-        if pos == at:
-            no_speech_prob = float(_softmax_at(logits, no_speech))
+    logits = dec.prefill(prompt[:at + 1], 0)  # the prompt in one pass up to the no-speech token, then the rest
+    no_speech_prob = float(_softmax_at(logits, no_speech))
+    if at + 1 < len(prompt):
+        logits = dec.prefill(prompt[at + 1:], at + 1)
     assert logits is not None
     pos = len(prompt)
     total = 0.0 if no_speech_prob >= logprob_below else math.nan

@@ -98,6 +98,28 @@ def test_a_step_without_logits_caches_the_same_keys_and_values(pair):
     np.testing.assert_array_equal(lean.step(prompt[-1], len(prompt) - 1), full.step(prompt[-1], len(prompt) - 1))
 
 
+def test_a_prompt_in_one_pass_is_its_tokens_stepped_one_at_a_time(pair):
+    """``prefill`` runs a prompt's tokens through each matrix together (the path's kernel, whichever
+    ``WAFERVOX_KERNELS`` picks): the caches it leaves and its last logits are the steps' to the bit."""
+    ours, _ = pair
+    one, many = ours.decoder.fork(), ours.decoder.fork()
+    enc = np.random.default_rng(3).standard_normal((1, 120, 384)).astype(np.float32)
+    one.start(enc)
+    many.start(enc)
+    prompt = [50360, 8299, 25665, 13, 4934, 1029, 50257, 50362]
+    for p, t in enumerate(prompt[:3]):
+        one.step(t, p, logits=False)
+    assert many.prefill(prompt[:3], 0, logits=False) is None
+    for p, t in enumerate(prompt[3:], 3):
+        stepped = one.step(t, p)
+    np.testing.assert_array_equal(many.prefill(prompt[3:], 3), stepped)
+    n = len(prompt)
+    np.testing.assert_array_equal(many.k_cache[:, :n], one.k_cache[:, :n])
+    np.testing.assert_array_equal(many.v_cache[:, :n], one.v_cache[:, :n])
+    with pytest.raises(ValueError, match="context"):
+        many.prefill(prompt, many.n_ctx - 2)
+
+
 def test_step_and_start_check_their_input(pair):
     dec = pair[0].decoder.fork()
     with pytest.raises(RuntimeError, match="before Decoder.start"):
