@@ -294,7 +294,9 @@ SET_NOTES = {"own": "the bakery, dentist and bike personas written with the grou
              "heldout12": "second-person prose, Markdown with a table line, and an owner's email by a helper who never "
                           "read the code, run once (bench/personas/heldout12)",
              "heldout13": "first-person prose with a late correction, key: value lines, and a Realtime-guide Markdown prompt "
-                          "by a helper who never read the code, run once (bench/personas/heldout13)"}
+                          "by a helper who never read the code, run once (bench/personas/heldout13)",
+             "heldout14": "a numbered list, a non-native speaker's prose, and plain capitalised sections by a helper who never "
+                          "read the code, run once (bench/personas/heldout14)"}
 
 
 def load_spec(path: Path) -> PersonaSpec:
@@ -568,7 +570,7 @@ def _fmt(v, spec=".2f"):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", default="own", choices=list(SET_NOTES),
-                    help="the personas: own (default), dev, or a held-apart one, heldout..heldout13 (bench/personas/<set>; the "
+                    help="the personas: own (default), dev, or a held-apart one, heldout..heldout14 (bench/personas/<set>; the "
                          "held-apart ones never used to tune)")
     ap.add_argument("--persona", action="append", help="run only this persona of the set (repeatable; default: all)")
     ap.add_argument("--build", choices=["instructions", "facts"], default="instructions",
