@@ -96,7 +96,9 @@ TYPE_BONUS = 0.1
 #: off-topic questions), with ``SURE_SCORE``/``MIN_SCORE``: off-topic declined 54 -> 65, facts shown right 255 -> 271.
 #: Worded so that a question about the business is not near one: "Who is the president?" was 0.55 from "Who is in
 #: charge?", "Will it be sunny this weekend?" 0.52 from "What about on Sunday?".  The clean figure is heldout7's
-#: (BENCHMARKS.md).
+#: (BENCHMARKS.md).  The last five (another business recommended, health advice, a season's winner, music played)
+#: came from heldout14's first run, which declined 2 of its 9; on every other set (560 fact and 118 off-topic
+#: questions) they decline one more and take no fact from a fact question.
 OFF_TOPIC_PROTOTYPES = (
     "Tell me a joke.", "Do you know any funny jokes?", "Tell me a story.", "Can you tell me a bedtime story?",
     "Write me a poem.", "Sing me a song.", "Give me a riddle.", "Say something funny.", "Make up a limerick about a cat.",
@@ -112,6 +114,8 @@ OFF_TOPIC_PROTOTYPES = (
     "Can you recommend a good movie?", "What's a good book to read?", "Give me a recipe for lasagna.",
     "Should I buy stocks?", "What music should I listen to?", "What's a good name for my dog?",
     "What's your favorite color?", "Do you have feelings?", "What is the meaning of life?", "Are you married?",
+    "Can you recommend a good restaurant nearby?", "Do you know a good mechanic around here?",
+    "What should I take for a headache?", "Who do you think will win the league?", "Can you play some music for me?",
 )
 OFF_TOPIC_SCORE = 0.5
 OFF_TOPIC_MARGIN = 0.1

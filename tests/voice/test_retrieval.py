@@ -53,7 +53,8 @@ def test_questions_worded_unlike_the_facts_find_them(hotel, question, expected):
 
 
 @pytest.mark.parametrize("question", ["Can you tell me a joke?", "Who won the football game last night?",
-                                      "What's the capital of Australia?"])
+                                      "What's the capital of Australia?", "Do you know a good Thai restaurant around here?",
+                                      "Who do you think will win the cup this year?", "What is good for a sore throat?"])
 def test_off_topic_questions_find_no_fact(hotel, question):
     assert found(hotel, question) == []
     msgs, start = hotel.turn(question)
