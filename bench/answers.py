@@ -296,7 +296,9 @@ SET_NOTES = {"own": "the bakery, dentist and bike personas written with the grou
              "heldout13": "first-person prose with a late correction, key: value lines, and a Realtime-guide Markdown prompt "
                           "by a helper who never read the code, run once (bench/personas/heldout13)",
              "heldout14": "a numbered list, a non-native speaker's prose, and plain capitalised sections by a helper who never "
-                          "read the code, run once (bench/personas/heldout14)"}
+                          "read the code, run once (bench/personas/heldout14)",
+             "heldout15": "third-person prose, nested Markdown bullets with bold labels, and a YAML-like block by a helper who "
+                          "never read the code, run once (bench/personas/heldout15)"}
 
 
 def load_spec(path: Path) -> PersonaSpec:
@@ -570,7 +572,7 @@ def _fmt(v, spec=".2f"):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", default="own", choices=list(SET_NOTES),
-                    help="the personas: own (default), dev, or a held-apart one, heldout..heldout14 (bench/personas/<set>; the "
+                    help="the personas: own (default), dev, or a held-apart one, heldout..heldout15 (bench/personas/<set>; the "
                          "held-apart ones never used to tune)")
     ap.add_argument("--persona", action="append", help="run only this persona of the set (repeatable; default: all)")
     ap.add_argument("--build", choices=["instructions", "facts"], default="instructions",
