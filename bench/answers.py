@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/answers.py [--set own|dev|heldout] [--persona NAME ...] [--build instructions|facts]
                                       [--history-turns N|all] [--temperature T] [--repetition-penalty R]
-                                      [--verbose] [--json FILE]
+                                      [--verbose | --quiet] [--json FILE]
 
 Text in, text out, no audio: each persona's conversations run through the real
 ``voice.llm.LLMConversation`` on the real decode core (``decode.Model`` + ``decode.Generator``),
@@ -583,7 +583,10 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, help="sample at this temperature (default: LLMConversation's, greedy)")
     ap.add_argument("--repetition-penalty", type=float, default=1.0, help="with --temperature (0 = greedy with the penalty)")
     ap.add_argument("--seed", type=int, default=0, help="the sampler's seed, with --temperature")
-    ap.add_argument("--verbose", action="store_true", help="print the full reply (default: cut at 70 characters)")
+    shown = ap.add_mutually_exclusive_group()
+    shown.add_argument("--verbose", action="store_true", help="print the full reply (default: cut at 70 characters)")
+    shown.add_argument("--quiet", action="store_true", help="print the figures only, no question or reply: a new held-apart "
+                       "set's first run, whose failures should stay unread (bench/personas/README.md)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows and the summary as JSON")
     args = ap.parse_args()
     ht = args.history_turns
@@ -592,6 +595,8 @@ def main() -> None:
     width = None if args.verbose else 70
 
     def show(r: Row):
+        if args.quiet:
+            return
         reply = r.reply if width is None or len(r.reply) <= width else r.reply[:width - 3] + "..."
         marks = ("ok " if r.ok else "BAD") + (" P" if r.parrot else "  ") + ("h" if r.held_out else " ")
         extra = f"  INVENTED {', '.join(r.invented)}" if r.invented else ""
@@ -602,7 +607,8 @@ def main() -> None:
         if name not in specs:
             ap.error(f"no persona {name!r} in set {args.set} (it has: {', '.join(specs)})")
     print(f"set: {args.set}: {SET_NOTES[args.set]}; personas: {', '.join(args.persona or specs)}")
-    print(f"{'persona':8s} c.t {'kind':6s} pass {'question':46s}    reply")
+    if not args.quiet:
+        print(f"{'persona':8s} c.t {'kind':6s} pass {'question':46s}    reply")
     sampling = None
     if args.temperature is not None:
         from decode import SamplingParams
@@ -617,9 +623,9 @@ def main() -> None:
               f"{_fmt(s['held_out_accuracy']):>6s} {_fmt(s['follow_up_accuracy']):>6s} "
               f"{_fmt(s['off_topic_pass']):>6s} {s['repeated_replies']:7d} {s['parroting']:6d} {s['invented']:8d} "
               f"{s.get('opening_tokens', '-')!s:>11s} {s['turn_tokens_mean']:8.1f} {s['reply_ms_mean']:8.0f}")
-    for g in repeats(rows):
+    for g in [] if args.quiet else repeats(rows):
         print(f"repeated verbatim ({g[0].persona}): {g[0].reply!r} for " + ", ".join(repr(r.question) for r in g))
-    for g in shared(rows):
+    for g in [] if args.quiet else shared(rows):
         print(f"shared, correct for each ({g[0].persona}): {g[0].reply!r} for " + ", ".join(repr(r.question) for r in g))
     a = summary["all"]
     verdict = (a["fact_accuracy"] >= 0.9 and a["repeat_groups"] == 0 and a["invented"] == 0
