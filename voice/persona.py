@@ -299,10 +299,10 @@ def _table_cells(line: str) -> list[str] | None:
 def _table_fact(cells: list[str], header: list[str]) -> tuple[str, str]:
     """A table row as a fact keyed by its first cell: the second cell, then each further cell after its column's name
     ("Small dog (under 10 kg)", "$40, time on the table 1 hour")."""
-    rest = [c for c in cells[1:] if c]
-    named = [f"{h[:1].lower()}{h[1:]} {c}" if i >= 1 and h else c
-             for i, (h, c) in enumerate(zip((header[1:] if header else []) + [""] * len(cells), cells[1:])) if c]
-    return cells[0], ", ".join(named or rest)
+    names = header[1:] if header else []
+    said = [f"{names[i][:1].lower()}{names[i][1:]} {c}" if 0 < i < len(names) and names[i] else c
+            for i, c in enumerate(cells[1:]) if c]
+    return cells[0], ", ".join(said)
 
 
 #: A FAQ's own heading on a line alone ("FAQ", "Frequently asked questions", "Q&A"): no fact.

@@ -16,10 +16,11 @@ embedding; per layer, pre-norm self-attention (q|k|v fused, causal over the toke
 cross-attention over the encoder's output (its keys and values computed once per utterance in
 ``Decoder.start``), pre-norm GELU MLP, each added to the residual; a final norm, then logits against the
 embeddings. A prompt's tokens go through the same kernel in one pass (``Decoder.prefill``: each matrix read once
-for all of them, the result the steps' to the bit). ``greedy`` applies the rules CTranslate2's ``generate`` applies for Whisper (suppressed
-tokens, a blank suppressed at the first step, timestamps in pairs, non-decreasing, the first at most at
-``max_initial_timestamp``, a timestamp forced when timestamps together outweigh the best text token) and
-returns the tokens, their log-probability and the no-speech probability at the start token.
+for all of them, the result the steps' to the bit). ``greedy`` applies the rules CTranslate2's ``generate``
+applies for Whisper (suppressed tokens, a blank suppressed at the first step, timestamps in pairs,
+non-decreasing, the first at most at ``max_initial_timestamp``, a timestamp forced when timestamps together
+outweigh the best text token) and returns the tokens, their log-probability and the no-speech probability at
+the start token.
 """
 
 from __future__ import annotations
