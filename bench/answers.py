@@ -298,7 +298,9 @@ SET_NOTES = {"own": "the bakery, dentist and bike personas written with the grou
              "heldout14": "a numbered list, a non-native speaker's prose, and plain capitalised sections by a helper who never "
                           "read the code, run once (bench/personas/heldout14)",
              "heldout15": "third-person prose, nested Markdown bullets with bold labels, and a YAML-like block by a helper who "
-                          "never read the code, run once (bench/personas/heldout15)"}
+                          "never read the code, run once (bench/personas/heldout15)",
+             "heldout16": "a nested YAML-like configuration, a pasted JSON object, and an owner's rambling prose by a helper "
+                          "who never read the code, run once (bench/personas/heldout16)"}
 
 
 def load_spec(path: Path) -> PersonaSpec:
@@ -572,7 +574,7 @@ def _fmt(v, spec=".2f"):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", default="own", choices=list(SET_NOTES),
-                    help="the personas: own (default), dev, or a held-apart one, heldout..heldout15 (bench/personas/<set>; the "
+                    help="the personas: own (default), dev, or a held-apart one, heldout..heldout16 (bench/personas/<set>; the "
                          "held-apart ones never used to tune)")
     ap.add_argument("--persona", action="append", help="run only this persona of the set (repeatable; default: all)")
     ap.add_argument("--build", choices=["instructions", "facts"], default="instructions",

@@ -18,13 +18,18 @@ rules section's lines are rules.
   a rule.  A FAQ written as pairs ("Q: How much are tickets?" then "A: Adults $28. Children $12.") gives each sentence
   of an answer as a fact keyed by its question: the question is what the fact is about (``subject``) when a caller's
   question is ranked, and the answer alone is said (``voice.llm``).  A table ("Size | Price | Time" over "Small dog |
-  $40 | 1 hour", with Markdown's pipes and rules or without) gives a fact per row, keyed by its first cell.
+  $40 | 1 hour", with Markdown's pipes and rules or without) gives a fact per row, keyed by its first cell.  A nested
+  block (a YAML-like configuration, bullets under a bullet) or a pasted JSON object is flattened first: each
+  ``key: value`` keyed by its parents' labels where they say something of it ("glow_jump:" over "price: $16" ->
+  "Glow jump price"; "Prices" or "Business" only group), snake_case keys as words and abbreviated days written out
+  ("mon-thu" -> "Monday to Thursday"), a ``# comment`` said in brackets.
 
 Plain text rules, no word lists about businesses: what a fact *means* is left to ``voice.retrieval``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -164,6 +169,7 @@ def business_name(text: str) -> str:
 
 def split_instructions(text: str) -> Instructions:
     """``text`` as intro, rules and facts (see the module's docstring)."""
+    text = _flatten_nested(_flatten_json(text))
     intro, rules, facts = [], [], []
     lines, aims = [], []
     asked = ""  # a FAQ's question waiting for its answer ("Q: ..." then "A: ...")
@@ -372,3 +378,163 @@ def subject(key: str, value: str) -> str:
         return key
     m = _VERB.search(value)
     return value[:m.start()].strip(" ,") if m and m.start() > 0 else value
+
+
+#: A ``key: value`` line of a nested block (its indent, key and value; a list mark and bold marks around the key
+#: dropped), and a label alone on its line, a parent's ("prices:", "- Manicures", "**Hours**").
+_NESTED_PAIR = re.compile(r"^(\s*)(?:[-*+\u2022]\s+)?(?:\*\*|__)?([A-Za-z_][\w '&/+.,()-]{0,60}?)(?:\*\*|__)?\s*:(?:\*\*|__)?"
+                          r"\s+(\S.*?)\s*$")
+_NESTED_LABEL = re.compile(r"^(\s*)(?:[-*+\u2022]\s+)?(?:\*\*|__)?([A-Za-z_][^:\n\d]{0,60}?)(?:\*\*|__)?\s*:?(?:\*\*|__)?\s*$")
+#: A parent's label that only groups its children, saying nothing of what they are about ("Business", "Details",
+#: "Prices", "Rules"): its children keep their own keys.
+_GROUPING = re.compile(r"^(?:business|details?|info(?:rmation)?|general|contact(?: details| info)?|other|misc(?:ellaneous)?|"
+                       r"basics|about(?: us)?|facts?|key facts|context|data|rules?|polic(?:y|ies)|prices?|pricing|price list|"
+                       r"rates?|fees?|costs?|tariffs?|services?(?: (?:and|&) prices?)?|menu|extras|config(?:uration)?|"
+                       r"settings|location|the business)$", re.I)
+#: Words a configuration's keys shorten: said in full ("jump_60_min" -> "jump 60 minutes", "min_age" -> "minimum age").
+_KEY_WORDS = {"min": "minimum", "max": "maximum", "hrs": "hours", "hr": "hour", "mins": "minutes", "qty": "quantity",
+              "num": "number", "addr": "address", "tel": "phone", "info": "information", "approx": "about"}
+_DAY_ABBREV = {"mon": "Monday", "tue": "Tuesday", "tues": "Tuesday", "wed": "Wednesday", "thu": "Thursday",
+               "thur": "Thursday", "thurs": "Thursday", "fri": "Friday", "sat": "Saturday", "sun": "Sunday"}
+
+
+def _key_words(key: str) -> str:
+    """A configuration's key as words: "main_park_min_age" -> "main park minimum age", "jump_60_min" -> "jump 60 minutes",
+    "mon-thu" -> "Monday to Thursday", "openingHours" -> "opening hours"."""
+    key = key.strip()
+    if " " not in key:  # camelCase: "openingHours" -> "opening hours"
+        key = re.sub(r"(?<=[a-z])([A-Z])", lambda m: " " + m.group(1).lower(), key)
+    key = re.sub(r"[_]+", " ", key)
+    words = key.split()
+    days = [w for w in re.split(r"\s*(?:[-&+/,\s]|\bto\b|\band\b)\s*", key.lower()) if w]
+    if days and all(d.rstrip(".") in _DAY_ABBREV for d in days):  # a key naming days only: "mon-thu", "sat", "tue & thu"
+        names = [_DAY_ABBREV[d.rstrip(".")] for d in days]
+        joiner = " to " if "-" in key else " and "
+        return joiner.join(names)
+    out = []
+    for i, w in enumerate(words):
+        low = w.lower()
+        if low == "min" and i and words[i - 1][:1].isdigit():
+            out.append("minutes")
+        elif low in _KEY_WORDS:
+            out.append(_KEY_WORDS[low])
+        else:
+            out.append(w)
+    return " ".join(out)
+
+
+def _nested_key(parents: list[str], key: str) -> str:
+    """A child's key with what its parents say of it ("Glow jump" + "price" -> "Glow jump price", "Opening hours" +
+    "Saturday" -> "Opening hours Saturday"); a parent that only groups (``_GROUPING``) or whose words the key has
+    already ("Manicures" over "Classic manicure") adds nothing."""
+    own = _key_words(key)
+    words = {w.lower().rstrip("s") for w in re.findall(r"[A-Za-z]+", own)}
+    lead = []
+    for p in parents:
+        label = re.sub(r"\s*\(.*?\)\s*", " ", _key_words(p)).strip()
+        if not label or _GROUPING.match(label) or {w.lower().rstrip("s") for w in re.findall(r"[A-Za-z]+", label)} <= words:
+            continue
+        lead.append(label)
+    return _cap(" ".join([*lead, own]))
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _comment(value: str) -> str:
+    """A configuration value's trailing comment said as part of it: "$3  # compulsory" -> "$3 (compulsory)"."""
+    m = re.search(r"\s+#\s*(.*)$", value)
+    if not m:
+        return value
+    return f"{value[:m.start()].rstrip()} ({m.group(1).strip()})" if m.group(1).strip() else value[:m.start()].rstrip()
+
+
+def _flatten_nested(text: str) -> str:
+    """Nested ``key: value`` lines (a YAML-like block, Markdown bullets under a bullet) as flat ones, each key led by
+    what its parents say of it (``_nested_key``): "hours:" over "  sat: 09:00-19:00" -> "Opening hours Saturday:
+    09:00-19:00" ... ; a parent is a label alone on its line ("prices:", "- Manicures") with its children indented
+    deeper.  A parent whose children are no ``key: value`` lines stays as it was (a heading over its list)."""
+    lines = text.splitlines()
+    indents = [len(ln) - len(ln.lstrip()) if ln.strip() else -1 for ln in lines]
+    out: list[str] = []
+    stack: list[tuple[int, str]] = []  # (indent, label) of the parents open at this line
+    config = False
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            stack.clear()
+            out.append(raw)
+            continue
+        indent = indents[i]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        nxt = next((j for j in range(i + 1, len(lines)) if indents[j] >= 0), None)
+        children = []
+        if nxt is not None and indents[nxt] > indent:
+            for j in range(nxt, len(lines)):
+                if indents[j] <= indent:
+                    break
+                children.append(lines[j])
+        label = _NESTED_LABEL.match(raw)
+        if label and children and any(_NESTED_PAIR.match(x) for x in children):
+            stack.append((indent, label.group(2).strip()))
+            config = True
+            continue
+        pair = _NESTED_PAIR.match(raw)
+        if stack and pair:
+            out.append(f"{_nested_key([p for _, p in stack], pair.group(2))}: {_comment(pair.group(3))}")
+            continue
+        if stack and label:  # a label over nothing
+            continue
+        out.append(raw if not stack else raw.strip())
+    if config:  # a configuration's own top-level keys: "online_code: BOING10  # mon-thu only"
+        out = [f"{_cap(_key_words(p.group(2)))}: {_comment(p.group(3))}" if (p := _NESTED_PAIR.match(ln)) and not p.group(1)
+               and "_" in p.group(2) else ln for ln in out]
+    return "\n".join(out)
+
+
+def _flatten_json(text: str) -> str:
+    """A JSON object pasted into the instructions as ``key: value`` lines, nested keys led by their parents'
+    (``_nested_key``), a list of plain values as one value ("a, b, c"), a list of objects as one line each."""
+    start = text.find("{")
+    if start < 0:
+        return text
+    end = text.rfind("}")
+    if end < start:
+        return text
+    try:
+        data = json.loads(text[start:end + 1])
+    except ValueError:
+        return text
+    if not isinstance(data, dict):
+        return text
+    lines: list[str] = []
+
+    def said(v) -> str:
+        if isinstance(v, bool):
+            return "yes" if v else "no"
+        if v is None:
+            return "none"
+        return str(v)
+
+    def walk(obj, parents: list[str]) -> None:
+        for k, v in obj.items():
+            if isinstance(v, dict):
+                walk(v, [*parents, str(k)])
+            elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+                for x in v:
+                    items = list(x.items())
+                    if not items:
+                        continue
+                    head = said(items[0][1])
+                    rest = ", ".join(f"{_key_words(str(a))} {said(b)}" for a, b in items[1:]
+                                     if not isinstance(b, (dict, list)))
+                    lines.append(f"{_nested_key([*parents, str(k)], head)}: {rest}" if rest else
+                                 f"{_nested_key(parents, str(k))}: {head}")
+            elif isinstance(v, list):
+                lines.append(f"{_nested_key(parents, str(k))}: {', '.join(said(x) for x in v)}")
+            else:
+                lines.append(f"{_nested_key(parents, str(k))}: {said(v)}")
+
+    walk(data, [])
+    return f"{text[:start].rstrip()}\n" + "\n".join(lines) + f"\n{text[end + 1:].lstrip()}"

@@ -302,3 +302,67 @@ def test_a_key_over_a_paragraph_keeps_its_first_sentence_or_heads_prose():
                                "Under 5s stay ashore.\nParking: free lot behind us. Overflow on Elm Street.")
     assert keyed.facts[-4:] == (("Minimum age", "12"), ("Parking", "free lot behind us. Overflow on Elm Street"),
                                 ("", "Children 5 to 11 ride with an adult"), ("", "Under 5s stay ashore"))
+
+
+CONFIG = """assistant: Rory
+business: Hop Yard
+hours:
+  mon-thu: 15:00-20:00
+  sat: 09:00-19:00
+prices:
+  jump_60_min: $14   # socks extra
+night_jump:
+  when: fridays 18:00-21:00
+  price: $16 per person
+rules:
+  min_age: 5
+  waiver: must be signed online before jumping
+online_code: HOP10  # 10% off online
+
+Keep answers short and cheerful."""
+
+
+def test_a_nested_configuration_is_facts_keyed_by_their_parents():
+    parsed = split_instructions(CONFIG)
+    facts = dict(parsed.facts)
+    assert facts["Hours Monday to Thursday"] == "15:00-20:00"  # days as written out, under what they are the days of
+    assert facts["Hours Saturday"] == "09:00-19:00"
+    assert facts["Jump 60 minutes"] == "$14 (socks extra)"  # a grouping parent adds nothing; a comment is said
+    assert facts["Night jump when"] == "fridays 18:00-21:00"
+    assert facts["Night jump price"] == "$16 per person"
+    assert facts["Minimum age"] == "5"
+    assert facts["Waiver"] == "must be signed online before jumping"  # a configuration's "rules:" are the business's
+    assert facts["Online code"] == "HOP10 (10% off online)"
+    assert not any(k in ("hours", "prices", "rules", "night_jump") for k, _ in parsed.facts)
+    assert parsed.rules == ("Keep answers short and cheerful.",)
+
+
+def test_nested_bullets_take_their_parent_only_where_it_says_something():
+    text = ("# Context\n- Business\n  - Name: Fret Shop\n  - Phone: 555-0100\n- Opening hours\n  - Saturday: 10 AM - 5 PM\n"
+            "- Manicures\n  - Gel manicure: $38\n- Turnaround\n  - Setups: 3 working days\n- Policies\n"
+            "  - Drop-offs welcome without an appointment")
+    facts = split_instructions(text).facts
+    assert ("Name", "Fret Shop") in facts and ("Phone", "555-0100") in facts  # "Business" only groups
+    assert ("Opening hours Saturday", "10 AM - 5 PM") in facts
+    assert ("Gel manicure", "$38") in facts  # its key says "manicure" already
+    assert ("Turnaround Setups", "3 working days") in facts
+    assert ("", "Drop-offs welcome without an appointment") in facts  # a parent over no key: value lines stays a heading
+    assert not any(v in ("Business", "Manicures", "Turnaround") for _, v in facts)
+
+
+def test_a_pasted_json_object_is_facts_keyed_by_their_path():
+    text = ('You are the phone assistant for Lakeside Lanes. Use only this data:\n'
+            '{"name": "Lakeside Lanes", "opening_hours": {"weekdays": "10:00-22:00", "sat_sun": "09:00-23:00"},\n'
+            ' "prices": {"shoe_hire": "$2.50"}, "parties": [{"package": "Silver", "price": "$15 per child"}],\n'
+            ' "payment": ["cash", "card"], "wheelchair_access": true}\nKeep it short.')
+    parsed = split_instructions(text)
+    facts = dict(parsed.facts)
+    assert facts["Opening hours weekdays"] == "10:00-22:00"
+    assert facts["Opening hours Saturday and Sunday"] == "09:00-23:00"
+    assert facts["Shoe hire"] == "$2.50"
+    assert facts["Parties Silver"] == "price $15 per child"
+    assert facts["Payment"] == "cash, card"
+    assert facts["Wheelchair access"] == "yes"
+    assert parsed.name == "Lakeside Lanes"
+    # not JSON after all: the text as it was
+    assert split_instructions('Prices: {"a": 1, broken}').facts == (("Prices", '{"a": 1, broken}'),)
