@@ -417,8 +417,13 @@ def _names(text: str) -> set[str]:
 
 
 def invented(reply: str, known: str) -> list[str]:
-    """Numbers and names in ``reply`` that ``known`` (the persona's text and the questions asked) does not contain."""
+    """Numbers and names in ``reply`` that ``known`` (the persona's text and the questions asked) does not contain; a
+    day of the week it names by an abbreviation or in a run ("sat: 09:00-14:00", "mon_fri", "Mon-Thu") is known."""
+    from voice.retrieval import weekdays
+
     words = {w.lower() for w in re.findall(r"[A-Za-z][A-Za-z'-]*", known)}
+    words |= {f"{d}day" for d in weekdays(re.sub(r"(?<![A-Za-z])([a-z]{3})(?![a-z])", lambda m: m.group(1).capitalize(),
+                                                 known.replace("_", "-")))}
     words |= {p for w in list(words) for p in w.split("-")} | {w[:-2] for w in words if w.endswith("'s")}
     nums = _numbers(known)
     bad = [str(n) for n in sorted(_numbers(reply) - nums)]

@@ -41,7 +41,11 @@ _TIME_DOTS = frozenset({"a.m", "p.m"})
 _RULE = re.compile(r"^(?:please\s+)?(?:be|keep|answer|talk|speak|respond|reply|use|avoid|don't|do not|never|always|make sure|"
                    r"remember|stay|sound|greet|try|refer|act|only|politely|kindly|feel free|assist|address)\b|"
                    r"^(?:all\s+)?(?:responses|answers|replies)\s+(?:should|must|need|have to)\b|"
-                   r"\b(?:your (?:answers|replies|responses|tone)|you (?:should|must|may not|never|always))\b", re.I)
+                   r"\b(?:your (?:answers|replies|responses|tone)|you (?:should|must|may not|never|always))\b|"
+                   # "If a caller asks about anything else, say kindly that ...": what to do when
+                   r"^(?:if|when|whenever)\s+(?:a|the|any)?\s*(?:callers?|customers?|users?|clients?|guests?|someone|somebody|"
+                   r"anyone|they|people)\b.{0,120}?,\s*(?:please\s+)?(?:\w+ly\s+)?(?:say|tell|ask|offer|refer|suggest|explain|"
+                   r"direct|redirect|steer|let them know|apologi[sz]e|decline)\b", re.I)
 #: How a sentence that hands the assistant a fact starts ("You should know that we are open ...", "Please note: ...",
 #: "Keep in mind that ..."): the rest is the fact ("Remember to smile" stays a rule: no "that" or colon).
 _KNOW_THAT = re.compile(r"^(?:you (?:should|need to|ought to) (?:know|be aware)|it's (?:worth|good) (?:knowing|to know)|"
@@ -393,7 +397,10 @@ _GROUPING = re.compile(r"^(?:business|details?|info(?:rmation)?|general|contact(
                        r"settings|location|the business)$", re.I)
 #: Words a configuration's keys shorten: said in full ("jump_60_min" -> "jump 60 minutes", "min_age" -> "minimum age").
 _KEY_WORDS = {"min": "minimum", "max": "maximum", "hrs": "hours", "hr": "hour", "mins": "minutes", "qty": "quantity",
-              "num": "number", "addr": "address", "tel": "phone", "info": "information", "approx": "about"}
+              "num": "number", "addr": "address", "tel": "phone", "info": "information", "approx": "about",
+              "temp": "temperature", "dept": "department", "appt": "appointment"}
+#: At most this many words in each item of a list that is said as one value ("not_carried:" over "- live animals").
+_LIST_WORDS = 6
 _DAY_ABBREV = {"mon": "Monday", "tue": "Tuesday", "tues": "Tuesday", "wed": "Wednesday", "thu": "Thursday",
                "thur": "Thursday", "thurs": "Thursday", "fri": "Friday", "sat": "Saturday", "sun": "Sunday"}
 
@@ -402,6 +409,7 @@ def _key_words(key: str) -> str:
     """A configuration's key as words: "main_park_min_age" -> "main park minimum age", "jump_60_min" -> "jump 60 minutes",
     "mon-thu" -> "Monday to Thursday", "openingHours" -> "opening hours"."""
     key = key.strip()
+    ranged = bool(re.search(r"[a-z][-_][a-z]", key, re.I))  # "mon-thu", "mon_fri": a run of days
     if " " not in key:  # camelCase: "openingHours" -> "opening hours"
         key = re.sub(r"(?<=[a-z])([A-Z])", lambda m: " " + m.group(1).lower(), key)
     key = re.sub(r"[_]+", " ", key)
@@ -409,8 +417,10 @@ def _key_words(key: str) -> str:
     days = [w for w in re.split(r"\s*(?:[-&+/,\s]|\bto\b|\band\b)\s*", key.lower()) if w]
     if days and all(d.rstrip(".") in _DAY_ABBREV for d in days):  # a key naming days only: "mon-thu", "sat", "tue & thu"
         names = [_DAY_ABBREV[d.rstrip(".")] for d in days]
-        joiner = " to " if "-" in key else " and "
-        return joiner.join(names)
+        order = list(dict.fromkeys(_DAY_ABBREV.values()))  # Monday .. Sunday
+        if ranged and len(names) == 2 and (order.index(names[1]) - order.index(names[0])) % 7 > 1:
+            return " to ".join(names)  # (two days next to each other are both days either way)
+        return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
     out = []
     for i, w in enumerate(words):
         low = w.lower()
@@ -443,23 +453,27 @@ def _cap(text: str) -> str:
 
 
 def _comment(value: str) -> str:
-    """A configuration value's trailing comment said as part of it: "$3  # compulsory" -> "$3 (compulsory)"."""
+    """A configuration's value as said: its quotes dropped and its trailing comment in brackets ("\"$3\"  # compulsory"
+    -> "$3 (compulsory)")."""
     m = re.search(r"\s+#\s*(.*)$", value)
-    if not m:
-        return value
-    return f"{value[:m.start()].rstrip()} ({m.group(1).strip()})" if m.group(1).strip() else value[:m.start()].rstrip()
+    said, note = (value[:m.start()].rstrip(), m.group(1).strip()) if m else (value, "")
+    if len(said) > 1 and said[0] == said[-1] and said[0] in "\"'":
+        said = said[1:-1].strip()
+    return f"{said} ({note})" if note else said
 
 
 def _flatten_nested(text: str) -> str:
     """Nested ``key: value`` lines (a YAML-like block, Markdown bullets under a bullet) as flat ones, each key led by
     what its parents say of it (``_nested_key``): "hours:" over "  sat: 09:00-19:00" -> "Opening hours Saturday:
     09:00-19:00" ... ; a parent is a label alone on its line ("prices:", "- Manicures") with its children indented
-    deeper.  A parent whose children are no ``key: value`` lines stays as it was (a heading over its list)."""
+    deeper.  A ``key:`` over a list of short items is one fact, the items its value; any other parent whose children
+    are no ``key: value`` lines stays as it was (a heading over its list)."""
     lines = text.splitlines()
     indents = [len(ln) - len(ln.lstrip()) if ln.strip() else -1 for ln in lines]
     out: list[str] = []
     stack: list[tuple[int, str]] = []  # (indent, label) of the parents open at this line
     config = False
+    done: set[int] = set()  # lines said already (a short list's items, in its key's value)
     for i, raw in enumerate(lines):
         if not raw.strip():
             stack.clear()
@@ -475,10 +489,19 @@ def _flatten_nested(text: str) -> str:
                 if indents[j] <= indent:
                     break
                 children.append(lines[j])
+        if i in done:
+            continue
         label = _NESTED_LABEL.match(raw)
         if label and children and any(_NESTED_PAIR.match(x) for x in children):
             stack.append((indent, label.group(2).strip()))
             config = True
+            continue
+        items = [_BULLET.sub("", x.strip()) for x in children]
+        if (label and raw.rstrip().endswith(":") and children and all(_BULLET.match(x.strip()) for x in children)
+                and not any(_NESTED_PAIR.match(x) for x in children) and all(len(x.split()) <= _LIST_WORDS for x in items)):
+            # "not_carried:" over "- alcohol" and "- live animals": one fact, its items its value
+            out.append(f"{_nested_key([p for _, p in stack], label.group(2))}: {', '.join(_comment(x) for x in items)}")
+            done.update(range(i + 1, i + 1 + len(children)))
             continue
         pair = _NESTED_PAIR.match(raw)
         if stack and pair:

@@ -308,9 +308,13 @@ CONFIG = """assistant: Rory
 business: Hop Yard
 hours:
   mon-thu: 15:00-20:00
+  fri_sun: 10:00-22:00
   sat: 09:00-19:00
 prices:
-  jump_60_min: $14   # socks extra
+  jump_60_min: "$14"   # socks extra
+not_allowed:
+  - food or drink
+  - glass bottles
 night_jump:
   when: fridays 18:00-21:00
   price: $16 per person
@@ -319,7 +323,7 @@ rules:
   waiver: must be signed online before jumping
 online_code: HOP10  # 10% off online
 
-Keep answers short and cheerful."""
+Keep answers short and cheerful. If a caller asks about anything else, say kindly that you can only help with Hop Yard."""
 
 
 def test_a_nested_configuration_is_facts_keyed_by_their_parents():
@@ -327,14 +331,17 @@ def test_a_nested_configuration_is_facts_keyed_by_their_parents():
     facts = dict(parsed.facts)
     assert facts["Hours Monday to Thursday"] == "15:00-20:00"  # days as written out, under what they are the days of
     assert facts["Hours Saturday"] == "09:00-19:00"
+    assert facts["Hours Friday to Sunday"] == "10:00-22:00"  # (two days apart: a run of three)
     assert facts["Jump 60 minutes"] == "$14 (socks extra)"  # a grouping parent adds nothing; a comment is said
+    assert facts["Not allowed"] == "food or drink, glass bottles"  # a short list: one fact
     assert facts["Night jump when"] == "fridays 18:00-21:00"
     assert facts["Night jump price"] == "$16 per person"
     assert facts["Minimum age"] == "5"
     assert facts["Waiver"] == "must be signed online before jumping"  # a configuration's "rules:" are the business's
     assert facts["Online code"] == "HOP10 (10% off online)"
     assert not any(k in ("hours", "prices", "rules", "night_jump") for k, _ in parsed.facts)
-    assert parsed.rules == ("Keep answers short and cheerful.",)
+    assert parsed.rules == ("Keep answers short and cheerful.",
+                            "If a caller asks about anything else, say kindly that you can only help with Hop Yard.")
 
 
 def test_nested_bullets_take_their_parent_only_where_it_says_something():
