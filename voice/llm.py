@@ -153,8 +153,10 @@ def _example_decline(topic: str, name: str) -> str:
     return f"I'm afraid I don't know about {topic}, but I can help with questions about {name}."
 
 
-#: At most how many words of the best fact an answer starts with (``Persona.turn``).
-LEAD_WORDS = 4
+#: At most how many words of the best fact an answer starts with (``Persona.turn``).  8, not 4: a key of several words
+#: ("The junior swim age 5 to 15 costs") was cut to its first two and the model went on with a number of its own
+#: ("The junior swim age is 5 to 15 dollars."); on every set facts right the same or better (heldout 0.82 -> 0.84).
+LEAD_WORDS = 8
 _LEAD_VERB = re.compile(r"^(?:is|are|was|were|has|have|costs?|runs?|opens?|closes?|starts?|begins?|takes?|can|will|"
                         r"comes?|gets?|includes?|accepts?|offers?|sees?|serves?|delivers?|\w+'re|\w+'s)$", re.I)
 
