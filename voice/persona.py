@@ -69,7 +69,7 @@ _NO_SUBJECT = re.compile(r"^(?:is|are|was|were|has|have|costs?|runs?|opens?|clos
 _PARTICIPLE = re.compile(r"^[a-z]{2,}[^e\W]ed\b")
 #: A capital letter after these is a unit's or a room's letter ("Unit B."), not an initial: its dot may end a sentence.
 _LETTERED = frozenset("unit suite building room gate door floor level hall block lot wing section plan grade type".split())
-_KEY_VALUE = re.compile(r"^[-*\u2022]?\s*([A-Za-z][\w '&/-]{0,40}?)\s*:(?!\d)\s*(\S.*?)\.?$")  # (not "at 9:00")
+_KEY_VALUE = re.compile(r"^[-*\u2022]?\s*([A-Za-z][\w '&/-]{0,60}?)\s*:(?!\d)\s*(\S.*?)\.?$")  # (not "at 9:00")
 _NAME = re.compile(r"\b(?:of|for|at|from|called|named)\s+(?:the\s+)?((?:[A-Z][\w'&-]*)(?:\s+(?:[A-Z][\w'&-]*|&|(?:and|of)(?=\s+[A-Z])))*)")
 _FIRST_PERSON = ((r"\byou are\b", "I am"), (r"\byou're\b", "I'm"), (r"\byour\b", "my"), (r"\byou\b", "I"))
 
@@ -399,6 +399,10 @@ _GROUPING = re.compile(r"^(?:business|details?|info(?:rmation)?|general|contact(
 _KEY_WORDS = {"min": "minimum", "max": "maximum", "hrs": "hours", "hr": "hour", "mins": "minutes", "qty": "quantity",
               "num": "number", "addr": "address", "tel": "phone", "info": "information", "approx": "about",
               "temp": "temperature", "dept": "department", "appt": "appointment"}
+#: A unit a configuration's key ends with ("depth_m", "water_temp_c"), as said after "in".
+_UNITS = {"m": "metres", "km": "kilometres", "cm": "centimetres", "mm": "millimetres", "c": "degrees Celsius",
+          "f": "degrees Fahrenheit", "kg": "kilograms", "g": "grams", "lb": "pounds", "lbs": "pounds", "mi": "miles"}
+_DAY_NAMES = frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
 #: At most this many words in each item of a list that is said as one value ("not_carried:" over "- live animals").
 _LIST_WORDS = 6
 _DAY_ABBREV = {"mon": "Monday", "tue": "Tuesday", "tues": "Tuesday", "wed": "Wednesday", "thu": "Thursday",
@@ -428,6 +432,10 @@ def _key_words(key: str) -> str:
             out.append("minutes")
         elif low in _KEY_WORDS:
             out.append(_KEY_WORDS[low])
+        elif low in _DAY_NAMES:  # "saturday" as a key: a day's name
+            out.append(low.capitalize())
+        elif i and i == len(words) - 1 and low in _UNITS:  # "length_m": "length in metres"
+            out.append(f"in {_UNITS[low]}")
         else:
             out.append(w)
     return " ".join(out)

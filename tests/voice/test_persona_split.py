@@ -359,13 +359,16 @@ def test_nested_bullets_take_their_parent_only_where_it_says_something():
 
 def test_a_pasted_json_object_is_facts_keyed_by_their_path():
     text = ('You are the phone assistant for Lakeside Lanes. Use only this data:\n'
-            '{"name": "Lakeside Lanes", "opening_hours": {"weekdays": "10:00-22:00", "sat_sun": "09:00-23:00"},\n'
+            '{"name": "Lakeside Lanes", "opening_hours": {"weekdays": "10:00-22:00", "sat_sun": "09:00-23:00", '
+            '"monday": "closed"}, "lane_length_m": 18,\n'
             ' "prices": {"shoe_hire": "$2.50"}, "parties": [{"package": "Silver", "price": "$15 per child"}],\n'
             ' "payment": ["cash", "card"], "wheelchair_access": true}\nKeep it short.')
     parsed = split_instructions(text)
     facts = dict(parsed.facts)
     assert facts["Opening hours weekdays"] == "10:00-22:00"
     assert facts["Opening hours Saturday and Sunday"] == "09:00-23:00"
+    assert facts["Opening hours Monday"] == "closed"
+    assert facts["Lane length in metres"] == "18"
     assert facts["Shoe hire"] == "$2.50"
     assert facts["Parties Silver"] == "price $15 per child"
     assert facts["Payment"] == "cash, card"
