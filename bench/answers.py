@@ -300,7 +300,9 @@ SET_NOTES = {"own": "the bakery, dentist and bike personas written with the grou
              "heldout15": "third-person prose, nested Markdown bullets with bold labels, and a YAML-like block by a helper who "
                           "never read the code, run once (bench/personas/heldout15)",
              "heldout16": "a nested YAML-like configuration, a pasted JSON object, and an owner's rambling prose by a helper "
-                          "who never read the code, run once (bench/personas/heldout16)"}
+                          "who never read the code, run once (bench/personas/heldout16)",
+             "heldout17": "quick chat-box lines, Markdown sections of bullet sentences, and a formal third-person paragraph by a "
+                          "helper who never read the code, run once (bench/personas/heldout17)"}
 
 
 def load_spec(path: Path) -> PersonaSpec:
@@ -579,7 +581,7 @@ def _fmt(v, spec=".2f"):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", default="own", choices=list(SET_NOTES),
-                    help="the personas: own (default), dev, or a held-apart one, heldout..heldout16 (bench/personas/<set>; the "
+                    help="the personas: own (default), dev, or a held-apart one, heldout..heldout17 (bench/personas/<set>; the "
                          "held-apart ones never used to tune)")
     ap.add_argument("--persona", action="append", help="run only this persona of the set (repeatable; default: all)")
     ap.add_argument("--build", choices=["instructions", "facts"], default="instructions",

@@ -400,8 +400,8 @@ _KEY_WORDS = {"min": "minimum", "max": "maximum", "hrs": "hours", "hr": "hour", 
               "num": "number", "addr": "address", "tel": "phone", "info": "information", "approx": "about",
               "temp": "temperature", "dept": "department", "appt": "appointment"}
 #: A unit a configuration's key ends with ("depth_m", "water_temp_c"), as said after "in".
-_UNITS = {"m": "metres", "km": "kilometres", "cm": "centimetres", "mm": "millimetres", "c": "degrees Celsius",
-          "f": "degrees Fahrenheit", "kg": "kilograms", "g": "grams", "lb": "pounds", "lbs": "pounds", "mi": "miles"}
+_UNITS = {"m": "metres", "km": "kilometres", "cm": "centimetres", "mm": "millimetres", "c": "degrees",
+          "f": "degrees", "kg": "kilograms", "g": "grams", "lb": "pounds", "lbs": "pounds", "mi": "miles"}
 _DAY_NAMES = frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
 #: At most this many words in each item of a list that is said as one value ("not_carried:" over "- live animals").
 _LIST_WORDS = 6
