@@ -98,7 +98,11 @@ TYPE_BONUS = 0.1
 #: charge?", "Will it be sunny this weekend?" 0.52 from "What about on Sunday?".  The clean figure is heldout7's
 #: (BENCHMARKS.md).  The last five (another business recommended, health advice, a season's winner, music played)
 #: came from heldout14's first run, which declined 2 of its 9; on every other set (560 fact and 118 off-topic
-#: questions) they decline one more and take no fact from a fact question.
+#: questions) they decline one more and take no fact from a fact question.  The last eighteen (help with a computer, a
+#: phone or a letter, homework, word puzzles, tax, a neighbour, insurance, schools, history, games, stains, plumbing,
+#: advice on life or a purchase) came from heldout16's (3 of 9 declined: a crossword clue, a router, a tax return) and
+#: heldout17's first runs (3 of 9); on own..heldout15 they decline nothing more and take no fact (a prototype about
+#: when the clocks change took four "What time do you open?" and was left out: a time of day is the businesses' own).
 OFF_TOPIC_PROTOTYPES = (
     "Tell me a joke.", "Do you know any funny jokes?", "Tell me a story.", "Can you tell me a bedtime story?",
     "Write me a poem.", "Sing me a song.", "Give me a riddle.", "Say something funny.", "Make up a limerick about a cat.",
@@ -116,6 +120,13 @@ OFF_TOPIC_PROTOTYPES = (
     "What's your favorite color?", "Do you have feelings?", "What is the meaning of life?", "Are you married?",
     "Can you recommend a good restaurant nearby?", "Do you know a good mechanic around here?",
     "What should I take for a headache?", "Who do you think will win the league?", "Can you play some music for me?",
+    "How do I fix my laptop? It keeps freezing.", "My internet at home keeps dropping, how do I sort it out?",
+    "How do I change a setting on my phone?", "Can you help me write a letter?", "Can you help me with my homework?",
+    "What's the answer to this crossword clue?", "What does this word mean?", "How do you spell necessary?",
+    "When is the deadline for my tax return?", "Is my neighbour allowed to do that?", "How much should I pay for car insurance?",
+    "How do I get my child into a good school?", "When did the Second World War end?",
+    "How do I beat this level in my video game?", "How do I get a stain out of my shirt?", "How do I unblock my sink?",
+    "Should I break up with my boyfriend?", "Which phone should I buy?",
 )
 OFF_TOPIC_SCORE = 0.5
 OFF_TOPIC_MARGIN = 0.1
