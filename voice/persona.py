@@ -22,7 +22,8 @@ rules section's lines are rules.
   block (a YAML-like configuration, bullets under a bullet) or a pasted JSON object is flattened first: each
   ``key: value`` keyed by its parents' labels where they say something of it ("glow_jump:" over "price: $16" ->
   "Glow jump price"; "Prices" or "Business" only group), snake_case keys as words and abbreviated days written out
-  ("mon-thu" -> "Monday to Thursday"), a ``# comment`` said in brackets.
+  ("mon-thu" -> "Monday to Thursday"), a ``# comment`` said in brackets; so is an INI-style block ("[prices]" over
+  "key = value" lines).
 
 Plain text rules, no word lists about businesses: what a fact *means* is left to ``voice.retrieval``.
 """
@@ -173,7 +174,7 @@ def business_name(text: str) -> str:
 
 def split_instructions(text: str) -> Instructions:
     """``text`` as intro, rules and facts (see the module's docstring)."""
-    text = _flatten_nested(_flatten_json(text))
+    text = _flatten_nested(_flatten_json(_flatten_ini(text)))
     intro, rules, facts = [], [], []
     lines, aims = [], []
     asked = ""  # a FAQ's question waiting for its answer ("Q: ..." then "A: ...")
@@ -569,3 +570,26 @@ def _flatten_json(text: str) -> str:
 
     walk(data, [])
     return f"{text[:start].rstrip()}\n" + "\n".join(lines) + f"\n{text[end + 1:].lstrip()}"
+
+
+_INI_SECTION = re.compile(r"^\s*\[([A-Za-z][^\]\n]{0,40})\]\s*$")
+_INI_PAIR = re.compile(r"^\s*([A-Za-z_][\w .'/&-]{0,60}?)\s*=\s*(\S.*?)\s*$")
+
+
+def _flatten_ini(text: str) -> str:
+    """An INI-style block ("[prices]" over "lesson_30_min = $35  ; group of 4") as ``key: value`` lines, each key led by
+    its section's label where it says something (``_nested_key``); text with no section over such pairs as it is."""
+    lines = text.splitlines()
+    if not any(_INI_SECTION.match(ln) for ln in lines) or sum(bool(_INI_PAIR.match(ln)) for ln in lines) < 2:
+        return text
+    out, section = [], None
+    for ln in lines:
+        if m := _INI_SECTION.match(ln):
+            section = m.group(1).strip()
+            continue
+        if section is not None and (m := _INI_PAIR.match(ln)):
+            value = re.sub(r"\s+;\s*", " # ", m.group(2), count=1)  # an INI comment, said as a configuration's is
+            out.append(f"{_nested_key([section], m.group(1))}: {_comment(value)}")
+            continue
+        out.append(ln)  # (a blank line inside a section goes on with it)
+    return "\n".join(out)

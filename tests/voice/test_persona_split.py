@@ -376,3 +376,14 @@ def test_a_pasted_json_object_is_facts_keyed_by_their_path():
     assert parsed.name == "Lakeside Lanes"
     # not JSON after all: the text as it was
     assert split_instructions('Prices: {"a": 1, broken}').facts == (("Prices", '{"a": 1, broken}'),)
+
+
+def test_an_ini_style_block_is_facts_keyed_by_their_sections():
+    text = ("You are Pat, the assistant for Hill Stables.\n[general]\naddress = 4 Mill Lane\n\n[lessons]\n"
+            "private_30_min = $35  ; per rider\ngroup_60_min = $25\n[hours]\ntue_sun = 08:00-17:00\nKeep answers short.")
+    parsed = split_instructions(text)
+    assert set(parsed.facts) >= {("Address", "4 Mill Lane"), ("Lessons private 30 minutes", "$35 (per rider)"),
+                                 ("Lessons group 60 minutes", "$25"), ("Hours Tuesday to Sunday", "08:00-17:00")}
+    assert parsed.rules == ("Keep answers short.",)
+    # no section over them: "=" says nothing of a key
+    assert split_instructions("Two plus two = four. Easy = fun.").facts == (("", "Two plus two = four"), ("", "Easy = fun"))
