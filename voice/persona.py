@@ -404,6 +404,8 @@ _KEY_WORDS = {"min": "minimum", "max": "maximum", "hrs": "hours", "hr": "hour", 
 _UNITS = {"m": "metres", "km": "kilometres", "cm": "centimetres", "mm": "millimetres", "c": "degrees",
           "f": "degrees", "kg": "kilograms", "g": "grams", "lb": "pounds", "lbs": "pounds", "mi": "miles"}
 _DAY_NAMES = frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
+#: At most this many of a key's nearest parents lead it (a key deep in a long path is said as its last few parts).
+_PARENTS = 3
 #: At most this many words in each item of a list that is said as one value ("not_carried:" over "- live animals").
 _LIST_WORDS = 6
 _DAY_ABBREV = {"mon": "Monday", "tue": "Tuesday", "tues": "Tuesday", "wed": "Wednesday", "thu": "Thursday",
@@ -478,11 +480,28 @@ def _flatten_nested(text: str) -> str:
     deeper.  A ``key:`` over a list of short items is one fact, the items its value; any other parent whose children
     are no ``key: value`` lines stays as it was (a heading over its list)."""
     lines = text.splitlines()
+    n = len(lines)
     indents = [len(ln) - len(ln.lstrip()) if ln.strip() else -1 for ln in lines]
+    ends = list(range(1, n + 1))  # where each line's block of deeper lines ends (an empty line ends every one)
+    open_: list[int] = []
+    for j in range(n):
+        while open_ and (indents[j] < 0 or indents[open_[-1]] >= indents[j]):
+            ends[open_.pop()] = j
+        if indents[j] >= 0:
+            open_.append(j)
+    for j in open_:
+        ends[j] = n
+    # running counts over the lines, so that a parent's children are judged in one step whatever their number
+    pairs, bullets, short = ([0] * (n + 1) for _ in range(3))
+    for j, ln in enumerate(lines):
+        item = _BULLET.sub("", ln.strip())
+        pairs[j + 1] = pairs[j] + bool(_NESTED_PAIR.match(ln))
+        bullets[j + 1] = bullets[j] + bool(_BULLET.match(ln.strip()))
+        short[j + 1] = short[j] + (len(item.split()) <= _LIST_WORDS)
     out: list[str] = []
     stack: list[tuple[int, str]] = []  # (indent, label) of the parents open at this line
     config = False
-    done: set[int] = set()  # lines said already (a short list's items, in its key's value)
+    skip_to = 0  # lines said already (a short list's items, in its key's value)
     for i, raw in enumerate(lines):
         if not raw.strip():
             stack.clear()
@@ -491,30 +510,25 @@ def _flatten_nested(text: str) -> str:
         indent = indents[i]
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        nxt = next((j for j in range(i + 1, len(lines)) if indents[j] >= 0), None)
-        children = []
-        if nxt is not None and indents[nxt] > indent:
-            for j in range(nxt, len(lines)):
-                if indents[j] <= indent:
-                    break
-                children.append(lines[j])
-        if i in done:
+        if i < skip_to:
             continue
+        a, b = i + 1, ends[i]  # its children: lines a .. b - 1
+        parents = [p for _, p in stack][-_PARENTS:]
         label = _NESTED_LABEL.match(raw)
-        if label and children and any(_NESTED_PAIR.match(x) for x in children):
+        if label and b > a and pairs[b] > pairs[a]:
             stack.append((indent, label.group(2).strip()))
             config = True
             continue
-        items = [_BULLET.sub("", x.strip()) for x in children]
-        if (label and raw.rstrip().endswith(":") and children and all(_BULLET.match(x.strip()) for x in children)
-                and not any(_NESTED_PAIR.match(x) for x in children) and all(len(x.split()) <= _LIST_WORDS for x in items)):
+        if (label and raw.rstrip().endswith(":") and b > a and bullets[b] - bullets[a] == b - a
+                and short[b] - short[a] == b - a):
             # "not_carried:" over "- alcohol" and "- live animals": one fact, its items its value
-            out.append(f"{_nested_key([p for _, p in stack], label.group(2))}: {', '.join(_comment(x) for x in items)}")
-            done.update(range(i + 1, i + 1 + len(children)))
+            items = [_comment(_BULLET.sub("", x.strip())) for x in lines[a:b]]
+            out.append(f"{_nested_key(parents, label.group(2))}: {', '.join(items)}")
+            skip_to = b
             continue
         pair = _NESTED_PAIR.match(raw)
         if stack and pair:
-            out.append(f"{_nested_key([p for _, p in stack], pair.group(2))}: {_comment(pair.group(3))}")
+            out.append(f"{_nested_key(parents, pair.group(2))}: {_comment(pair.group(3))}")
             continue
         if stack and label:  # a label over nothing
             continue
@@ -536,7 +550,7 @@ def _flatten_json(text: str) -> str:
         return text
     try:
         data = json.loads(text[start:end + 1])
-    except ValueError:
+    except (ValueError, RecursionError):  # (not JSON, or nested past Python's stack)
         return text
     if not isinstance(data, dict):
         return text
@@ -568,7 +582,10 @@ def _flatten_json(text: str) -> str:
             else:
                 lines.append(f"{_nested_key(parents, str(k))}: {said(v)}")
 
-    walk(data, [])
+    try:
+        walk(data, [])
+    except RecursionError:
+        return text
     return f"{text[:start].rstrip()}\n" + "\n".join(lines) + f"\n{text[end + 1:].lstrip()}"
 
 

@@ -4,6 +4,8 @@ thing each), from prose as a Realtime client's ``instructions`` carry it or from
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from voice.persona import business_name, clauses, sentences, split_instructions, subject
 
@@ -387,3 +389,23 @@ def test_an_ini_style_block_is_facts_keyed_by_their_sections():
     assert parsed.rules == ("Keep answers short.",)
     # no section over them: "=" says nothing of a key
     assert split_instructions("Two plus two = four. Easy = fun.").facts == (("", "Two plus two = four"), ("", "Easy = fun"))
+
+
+def test_a_deep_or_huge_nesting_is_read_through_and_its_keys_stay_short():
+    deep = "\n".join(" " * i + ("north", "south", "east")[i % 3] + " wing:" for i in range(3000)) + "\n" + " " * 3000 + "price: $5"
+    (key, value), = split_instructions(deep).facts
+    assert value == "$5" and key == "North wing south wing east wing price"  # the nearest three parents only
+    assert split_instructions("{" * 100_000 + "}" * 100_000).facts  # JSON nested past Python's stack: the text as it is
+    assert split_instructions('{"a": ' * 900 + "1" + "}" * 900).facts == (("A", "1"),)
+
+
+_LINE = st.tuples(st.integers(0, 6), st.sampled_from(["", "- ", "* ", "1. ", "[", "{", "\"", "## "]),
+                  st.text(alphabet="abc_ :=$#-[]{}\"'09,.", max_size=20))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_LINE, max_size=25))
+def test_any_nested_looking_text_splits_without_an_error(lines):
+    text = "\n".join(" " * indent + mark + body for indent, mark, body in lines)
+    parsed = split_instructions(text)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in parsed.facts)
