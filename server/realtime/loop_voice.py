@@ -31,6 +31,9 @@ from .events import InputAudioAppend, ProtocolError, SessionUpdate
 AHEAD_GRACE_S = 1.0
 #: tokens kept free for a user turn (its message, the facts and the chat markup) when instructions are checked
 TURN_RESERVE_TOKENS = 256
+#: instructions longer than this many characters a token of the room left are refused before they are read: no text
+#: averages so many (English ~4), and reading them (the facts split and embedded) would cost seconds for nothing
+CHARS_PER_TOKEN_BOUND = 8
 
 
 class LoopVoice:
@@ -93,10 +96,16 @@ class LoopVoice:
     def update(self, ev: SessionUpdate) -> ProtocolError | None:
         cfg, loop = ev.config, self.loop
         if "instructions" in ev.changed:
+            llm = loop.e.llm
+            room = llm.n_ctx - llm.max_tokens
+            if len(cfg.instructions) > CHARS_PER_TOKEN_BOUND * room:
+                return ProtocolError(
+                    "context_length_exceeded", f"session.update: the instructions are {len(cfg.instructions):,} characters, "
+                    f"far over the {room} tokens the {llm.n_ctx}-token context leaves beside the answer; the session is "
+                    "unchanged", ev.event_id, "session.instructions")
             persona = self._default_persona if cfg.instructions.strip() in ("", self._default_persona.system) \
                 else Persona.from_instructions(cfg.instructions)
-            llm = loop.e.llm
-            need, room = llm.opening_tokens(persona) + TURN_RESERVE_TOKENS, llm.n_ctx - llm.max_tokens
+            need = llm.opening_tokens(persona) + TURN_RESERVE_TOKENS
             if need > room:
                 return ProtocolError(
                     "context_length_exceeded", f"session.update: the instructions take {need - TURN_RESERVE_TOKENS} tokens and "

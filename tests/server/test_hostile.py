@@ -88,6 +88,10 @@ def test_input_too_large_for_the_context_gets_an_error_and_the_session_goes_on(s
                 await ws.send(json.dumps({"type": "session.update", "event_id": "upd1",
                                           "session": {"type": "realtime", "instructions": "Always be kind. " * 700}}))
                 big_instr = await _events_until(ws, lambda e: e["type"] in ("error", "session.updated"))
+                await ws.send(json.dumps({"type": "session.update", "event_id": "upd2", "session": {
+                    "type": "realtime", "instructions": "The widget costs $5. " * 20_000}}))  # 420 KB: refused unread
+                huge_instr = await _events_until(ws, lambda e: e["type"] in ("error", "session.updated"))
+                big_instr += huge_instr
                 await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "Be brief."}}))
                 ok = await _events_until(ws, lambda e: e["type"] == "session.updated")
                 for m in text_turn("What are your hours?"):
@@ -99,8 +103,9 @@ def test_input_too_large_for_the_context_gets_an_error_and_the_session_goes_on(s
         assert [e["code"] for e in errors(big_text)] == ["context_length_exceeded"] * 3
         assert errors(big_text)[1]["event_id"] == "item3" and "waiting" in errors(big_text)[1]["message"]
         assert big_instr[-1]["type"] == "error"
-        err = big_instr[-1]["error"]
+        err, huge = errors(big_instr)
         assert err["code"] == "context_length_exceeded" and err["param"] == "session.instructions" and err["event_id"] == "upd1"
+        assert (huge["code"], huge["event_id"]) == ("context_length_exceeded", "upd2") and "characters" in huge["message"]
         assert ok[-1]["session"]["instructions"] == "Be brief."  # the refused update left nothing behind
         assert answered[-1]["response"]["status"] == "completed"
         assert not [e for e in errors(answered) if e["type"] == "server_error"]
