@@ -475,7 +475,7 @@ def _comment(value: str) -> str:
 
 def _flatten_nested(text: str) -> str:
     """Nested ``key: value`` lines (a YAML-like block, Markdown bullets under a bullet) as flat ones, each key led by
-    what its parents say of it (``_nested_key``): "hours:" over "  sat: 09:00-19:00" -> "Opening hours Saturday:
+    what its parents say of it (``_nested_key``): "hours:" over "  sat: 09:00-19:00" -> "Hours Saturday:
     09:00-19:00" ... ; a parent is a label alone on its line ("prices:", "- Manicures") with its children indented
     deeper.  A ``key:`` over a list of short items is one fact, the items its value; any other parent whose children
     are no ``key: value`` lines stays as it was (a heading over its list)."""

@@ -100,8 +100,8 @@ TYPE_BONUS = 0.1
 #: came from heldout14's first run, which declined 2 of its 9; on every other set (560 fact and 118 off-topic
 #: questions) they decline one more and take no fact from a fact question.  The last eighteen (help with a computer, a
 #: phone or a letter, homework, word puzzles, tax, a neighbour, insurance, schools, history, games, stains, plumbing,
-#: advice on life or a purchase) came from heldout16's (3 of 9 declined: a crossword clue, a router, a tax return) and
-#: heldout17's first runs (3 of 9); on own..heldout15 they decline nothing more and take no fact (a prototype about
+#: advice on life or a purchase) came from heldout16's first runs (3 of 9 declined: a crossword clue, a router, a tax
+#: return) and the kinds heldout17's brief named; on own..heldout15 they decline nothing more and take no fact (a prototype about
 #: when the clocks change took four "What time do you open?" and was left out: a time of day is the businesses' own).
 OFF_TOPIC_PROTOTYPES = (
     "Tell me a joke.", "Do you know any funny jokes?", "Tell me a story.", "Can you tell me a bedtime story?",
