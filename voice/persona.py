@@ -23,7 +23,7 @@ rules section's lines are rules.
   ``key: value`` keyed by its parents' labels where they say something of it ("glow_jump:" over "price: $16" ->
   "Glow jump price"; "Prices" or "Business" only group), snake_case keys as words and abbreviated days written out
   ("mon-thu" -> "Monday to Thursday"), a ``# comment`` said in brackets; so is an INI-style block ("[prices]" over
-  "key = value" lines).
+  "key = value" lines), and terse notes written "key - value", two lines or more.
 
 Plain text rules, no word lists about businesses: what a fact *means* is left to ``voice.retrieval``.
 """
@@ -174,7 +174,7 @@ def business_name(text: str) -> str:
 
 def split_instructions(text: str) -> Instructions:
     """``text`` as intro, rules and facts (see the module's docstring)."""
-    text = _flatten_nested(_flatten_json(_flatten_ini(text)))
+    text = _dash_pairs(_flatten_nested(_flatten_json(_flatten_ini(text))))
     intro, rules, facts = [], [], []
     lines, aims = [], []
     asked = ""  # a FAQ's question waiting for its answer ("Q: ..." then "A: ...")
@@ -610,3 +610,19 @@ def _flatten_ini(text: str) -> str:
             continue
         out.append(ln)  # (a blank line inside a section goes on with it)
     return "\n".join(out)
+
+
+#: A line of terse notes, "key - value" ("screen repair - $89, w/ 90 day warranty", "Monday - closed"): a key of a few
+#: words with no verb, a dash with spaces around it, the value.
+_DASH_PAIR = re.compile(r"^(\s*(?:[-*+\u2022]\s+)?)([A-Za-z][\w '&/+.]{0,40}?)\s+[-\u2013\u2014]\s+(\S.*?)\s*$")
+
+
+def _dash_pairs(text: str) -> str:
+    """Lines of terse notes written "key - value" as ``key: value`` lines, when at least two lines are so written (a
+    list of them, not a sentence's dash: "We're open late - until 9 on Fridays" has a verb before its dash)."""
+    lines = text.splitlines()
+    found = [m if (m := _DASH_PAIR.match(ln)) and len(m.group(2).split()) <= 5 and not _VERB.search(m.group(2))
+             and not _INTRO.search(m.group(2)) else None for ln in lines]
+    if sum(m is not None for m in found) < 2:
+        return text
+    return "\n".join(f"{m.group(1)}{_cap(_key_words(m.group(2)))}: {m.group(3)}" if m else ln for ln, m in zip(lines, found))

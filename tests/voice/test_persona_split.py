@@ -409,3 +409,14 @@ def test_any_nested_looking_text_splits_without_an_error(lines):
     text = "\n".join(" " * indent + mark + body for indent, mark, body in lines)
     parsed = split_instructions(text)
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in parsed.facts)
+
+
+def test_terse_key_dash_value_lines_are_pairs():
+    text = ("screen repair - $89 approx, w/ 90 day warranty\nbattery swap - $49\nhrs - mon-sat 9-6\n"
+            "We're open late - until 9 on Fridays.")
+    facts = split_instructions(text).facts
+    assert ("Screen repair", "$89 approx, w/ 90 day warranty") in facts and ("Battery swap", "$49") in facts
+    assert ("Hours", "mon-sat 9-6") in facts  # the key said as words
+    assert ("", "We're open late - until 9 on Fridays") in facts  # a verb before the dash: a sentence's dash
+    # one such line alone is a sentence with a dash in it
+    assert split_instructions("Parking - free behind the shop.").facts == (("", "Parking - free behind the shop"),)
