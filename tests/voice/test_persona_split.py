@@ -228,7 +228,7 @@ def test_plain_headings_are_no_facts_and_head_facts():
                            "Free parking")
     texts = [v for _, v in p.facts]
     assert not {"Hours", "Prices", "Rules"} & set(texts)
-    assert ("Mon-Fri", "6am-11pm") in p.facts and "Day pass - $22" in texts
+    assert ("Mon-Fri", "6am-11pm") in p.facts and ("Day pass", "$22") in p.facts  # (with the line above: "key - value")
     assert "Everyone signs the online waiver before their first visit" in texts
     assert "Free parking" in texts  # the last line heads nothing
     # a heading over one line is its key
