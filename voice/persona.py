@@ -403,13 +403,14 @@ _KEY_WORDS = {"min": "minimum", "max": "maximum", "hrs": "hours", "hr": "hour", 
 #: A unit a configuration's key ends with ("depth_m", "water_temp_c"), as said after "in".
 _UNITS = {"m": "metres", "km": "kilometres", "cm": "centimetres", "mm": "millimetres", "c": "degrees",
           "f": "degrees", "kg": "kilograms", "g": "grams", "lb": "pounds", "lbs": "pounds", "mi": "miles"}
-_DAY_NAMES = frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
 #: At most this many of a key's nearest parents lead it (a key deep in a long path is said as its last few parts).
 _PARENTS = 3
 #: At most this many words in each item of a list that is said as one value ("not_carried:" over "- live animals").
 _LIST_WORDS = 6
 _DAY_ABBREV = {"mon": "Monday", "tue": "Tuesday", "tues": "Tuesday", "wed": "Wednesday", "thu": "Thursday",
                "thur": "Thursday", "thurs": "Thursday", "fri": "Friday", "sat": "Saturday", "sun": "Sunday"}
+_WEEK = tuple(dict.fromkeys(_DAY_ABBREV.values()))  # Monday .. Sunday
+_DAY_NAMES = frozenset(d.lower() for d in _WEEK)
 
 
 def _key_words(key: str) -> str:
@@ -424,8 +425,7 @@ def _key_words(key: str) -> str:
     days = [w for w in re.split(r"\s*(?:[-&+/,\s]|\bto\b|\band\b)\s*", key.lower()) if w]
     if days and all(d.rstrip(".") in _DAY_ABBREV for d in days):  # a key naming days only: "mon-thu", "sat", "tue & thu"
         names = [_DAY_ABBREV[d.rstrip(".")] for d in days]
-        order = list(dict.fromkeys(_DAY_ABBREV.values()))  # Monday .. Sunday
-        if ranged and len(names) == 2 and (order.index(names[1]) - order.index(names[0])) % 7 > 1:
+        if ranged and len(names) == 2 and (_WEEK.index(names[1]) - _WEEK.index(names[0])) % 7 > 1:
             return " to ".join(names)  # (two days next to each other are both days either way)
         return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
     out = []

@@ -420,15 +420,22 @@ class Decoder:
         """The logits ``(vocab,)`` after ``token`` at position ``pos`` (positions 0 .. pos-1 already stepped);
         ``logits`` False: only the token's keys and values are cached (a prompt's token nobody reads), None comes
         back."""
-        if not 0 <= pos < self.n_ctx:
-            raise ValueError(f"position {pos} outside Whisper's {self.n_ctx}-token context")
+        self._check(pos, 1, "step")
+        return self._run((self.x, self.h, self.qkv, self.att, self.q, self.ffn, self.act), [token], pos, logits)
+
+    def _check(self, pos: int, n: int, what: str) -> None:
+        if n < 1 or not 0 <= pos or pos + n > self.n_ctx:
+            raise ValueError(f"positions {pos}..{pos + n - 1} outside Whisper's {self.n_ctx}-token context")
         if self._cross.shape[3] == 0:
-            raise RuntimeError("Decoder.step before Decoder.start")
+            raise RuntimeError(f"Decoder.{what} before Decoder.start")
+
+    def _run(self, buf: tuple, tokens: list[int], pos: int, logits: bool) -> np.ndarray | None:
+        """``tokens`` embedded at ``pos``.. into ``buf``'s rows (x, h, qkv, att, q, ffn, activations) and stepped."""
+        x, h, qkv, att, q, ffn, a = buf
         w = self.weights
-        np.add(w.embeddings[token], w.positions[pos], out=self.x[0], dtype=np.float32)
-        a = self.act
-        self._step(pos, self.x, self.h, self.qkv, self.att, self.q, self.ffn, a.q, a.d, a.s, a.m, w.products, w.norms,
-                   w.biases, self.k_cache, self.v_cache, self._cross, self.heads, self.scores, self.logits, self.d, logits)
+        np.add(w.embeddings[np.asarray(tokens)], w.positions[pos:pos + len(tokens)], out=x, dtype=np.float32)
+        self._step(pos, x, h, qkv, att, q, ffn, a.q, a.d, a.s, a.m, w.products, w.norms, w.biases, self.k_cache,
+                   self.v_cache, self._cross, self.heads, self.scores, self.logits, self.d, logits)
         return self.logits[0] if logits else None
 
     def prefill(self, tokens: list[int], pos: int, logits: bool = True) -> np.ndarray | None:
@@ -438,22 +445,14 @@ class Decoder:
         n = len(tokens)
         if n == 1:
             return self.step(tokens[0], pos, logits)
-        if n < 1 or not 0 <= pos or pos + n > self.n_ctx:
-            raise ValueError(f"positions {pos}..{pos + n - 1} outside Whisper's {self.n_ctx}-token context")
-        if self._cross.shape[3] == 0:
-            raise RuntimeError("Decoder.prefill before Decoder.start")
-        w = self.weights
+        self._check(pos, n, "prefill")
         buf = self._rows.get(n)
         if buf is None:
             d, f = self.d, self.ffn.shape[1]
             buf = self._rows[n] = (np.zeros((n, d), np.float32), np.zeros((n, d), np.float32), np.zeros((n, 3 * d), np.float32),
                                    np.zeros((n, d), np.float32), np.zeros((n, d), np.float32), np.zeros((n, f), np.float32),
                                    qint.Activations(max(3 * d, f), n))
-        x, h, qkv, att, q, ffn, a = buf
-        np.add(w.embeddings[np.asarray(tokens)], w.positions[pos:pos + n], out=x, dtype=np.float32)
-        self._step(pos, x, h, qkv, att, q, ffn, a.q, a.d, a.s, a.m, w.products, w.norms, w.biases, self.k_cache,
-                   self.v_cache, self._cross, self.heads, self.scores, self.logits, self.d, logits)
-        return self.logits[0] if logits else None
+        return self._run(buf, tokens, pos, logits)
 
 
 def compile_parts(model_bin) -> None:
@@ -564,9 +563,7 @@ def greedy(dec: Decoder, prompt: list[int], max_new: int, *, eot: int, ts_begin:
     sup = np.asarray(suppress, np.int64)
     blank_ids = np.asarray(blank, np.int64)
     sampled = np.zeros(max_new + 1, np.int64)
-    logits = None
     at = no_speech_at % len(prompt)
-    no_speech_prob = 0.0
     logits = dec.prefill(prompt[:at + 1], 0)  # the prompt in one pass up to the no-speech token, then the rest
     no_speech_prob = float(_softmax_at(logits, no_speech))
     if at + 1 < len(prompt):
