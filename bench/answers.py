@@ -304,7 +304,10 @@ SET_NOTES = {"own": "the bakery, dentist and bike personas written with the grou
              "heldout17": "quick chat-box lines, Markdown sections of bullet sentences, and a formal third-person paragraph by a "
                           "helper who never read the code, run once (bench/personas/heldout17)",
              "heldout18": "a plain paragraph, a role paragraph over a FAQ, and an INI-style config, businesses and registers "
-                          "chosen by a helper who never read the code, run once (bench/personas/heldout18)"}
+                          "chosen by a helper who never read the code, run once (bench/personas/heldout18)",
+             "heldout19": "an owner's dictated voice memo, an XML-tagged system prompt, and text pasted from a website, "
+                          "businesses and registers chosen by a helper who never read the code, run once "
+                          "(bench/personas/heldout19)"}
 
 
 def load_spec(path: Path) -> PersonaSpec:
@@ -583,7 +586,7 @@ def _fmt(v, spec=".2f"):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", default="own", choices=list(SET_NOTES),
-                    help="the personas: own (default), dev, or a held-apart one, heldout..heldout18 (bench/personas/<set>; the "
+                    help="the personas: own (default), dev, or a held-apart one, heldout..heldout19 (bench/personas/<set>; the "
                          "held-apart ones never used to tune)")
     ap.add_argument("--persona", action="append", help="run only this persona of the set (repeatable; default: all)")
     ap.add_argument("--build", choices=["instructions", "facts"], default="instructions",
