@@ -30,6 +30,7 @@ Plain text rules, no word lists about businesses: what a fact *means* is left to
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from dataclasses import dataclass
@@ -174,7 +175,7 @@ def business_name(text: str) -> str:
 
 def split_instructions(text: str) -> Instructions:
     """``text`` as intro, rules and facts (see the module's docstring)."""
-    text = _dash_pairs(_flatten_nested(_flatten_json(_flatten_ini(text))))
+    text = _dash_pairs(_flatten_nested(_flatten_json(_flatten_ini(_flatten_xml(_page_chrome(text))))))
     intro, rules, facts = [], [], []
     lines, aims = [], []
     asked = ""  # a FAQ's question waiting for its answer ("Q: ..." then "A: ...")
@@ -587,6 +588,115 @@ def _flatten_json(text: str) -> str:
     except RecursionError:
         return text
     return f"{text[:start].rstrip()}\n" + "\n".join(lines) + f"\n{text[end + 1:].lstrip()}"
+
+
+#: An XML-style tag that opens a line or closes one (mid-line, "<farm_info>" is a sentence naming a section):
+#: ``<tag attr="value">`` or ``</tag>``.
+_XML_OPEN = re.compile(r"^\s*<([A-Za-z_][\w.-]*)((?:\s+[\w:.-]+\s*=\s*(?:\"[^\"]*\"|'[^']*'))*)\s*>")
+_XML_CLOSE = re.compile(r"</([A-Za-z_][\w.-]*)>\s*$")
+_XML_ATTR = re.compile(r"[\w:.-]+\s*=\s*(?:\"([^\"]*)\"|'([^']*)')")
+
+
+class _Element:
+    __slots__ = ("tag", "key", "children")
+
+    def __init__(self, tag: str, attrs: str):
+        values = [a or b for a, b in _XML_ATTR.findall(attrs)]
+        self.tag = tag
+        self.key = " ".join([*[v for v in values if v.strip()], tag])  # <crop name="strawberries"> -> "strawberries crop"
+        self.children: list[_Element | str] = []
+
+    def text(self) -> str:
+        return " ".join(" ".join(c.split()) for c in self.children if isinstance(c, str) and c.strip())
+
+    def elements(self) -> list[_Element]:
+        return [c for c in self.children if isinstance(c, _Element)]
+
+
+def _flatten_xml(text: str) -> str:
+    """A prompt written in XML-style tags (``<role>``, ``<rules>``, ``<farm_info>`` over ``<owner>Tom runs the
+    farm.</owner>`` ...) as the sections and ``key: value`` lines the split reads: a top-level element over others, or
+    one whose name says role or style (``_ROLE_SECTION``, ``_STYLE_SECTION``), is a section headed by its name; an
+    element inside one is a ``key: value`` line keyed by its name and its attributes' values, led by its parents'
+    (``_nested_key``: ``<pick_your_own>`` over ``<crop name="strawberries">`` -> "Pick your own strawberries crop").
+    Tags count only where they open or close a line; text whose tags do not nest is left as it is."""
+    lines = text.splitlines()
+    if sum(bool(_XML_OPEN.match(ln)) for ln in lines) < 2:
+        return text
+    root = _Element("", "")
+    stack = [root]
+    for line in lines:
+        rest = line
+        opened = _XML_OPEN.match(rest)
+        if opened:
+            el = _Element(opened.group(1), opened.group(2))
+            stack[-1].children.append(el)
+            stack.append(el)
+            rest = rest[opened.end():]
+        closed = _XML_CLOSE.search(rest)
+        if closed:
+            rest = rest[:closed.start()]
+        if rest.strip():
+            stack[-1].children.append(html.unescape(rest))
+        if closed:
+            if len(stack) < 2 or stack[-1].tag != closed.group(1):
+                return text  # (tags that do not nest: not a document of them)
+            stack.pop()
+    if len(stack) != 1:
+        return text
+    out: list[str] = []
+
+    def walk(el: _Element, parents: list[str]) -> None:
+        if el.text():
+            out.append(f"{_nested_key(parents, el.key)}: {el.text()}")
+        for child in el.elements():
+            walk(child, [*parents, el.key])
+
+    try:
+        for part in root.children:
+            if isinstance(part, str):
+                out.append(part)
+                continue
+            label = _cap(_key_words(part.key))
+            if part.elements() or _ROLE_SECTION.match(label) or _STYLE_SECTION.match(label):
+                out += ["", f"## {label}", *(c.strip() for c in part.children if isinstance(c, str) and c.strip())]
+                for child in part.elements():
+                    walk(child, [])
+                out.append("")
+            elif part.text():
+                out.append(f"{label}: {part.text()}")
+    except RecursionError:  # (nested past Python's stack: the text as it is)
+        return text
+    return "\n".join(out)
+
+
+#: What a page pasted from a website carries besides its text: a menu ("Home | Services | Prices | FAQ": four items or
+#: more between bars, no digit, no table's rows under it), links ("Read more »"), the footer ("© 2025 ..."), and a
+#: price list's dot leaders ("Standard sweep ........ $85").
+_MENU = re.compile(r"^\s*[A-Za-z][^|\n\d]{0,24}(?:\s\|\s[A-Za-z][^|\n\d]{0,24}){3,}\s*$")
+_LINK = re.compile(r"^\s*(?:read more|learn more|see more|more info|click here|find out more)\b[^\n]{0,10}$|^\s*\S.{0,30}[»›]\s*$",
+                   re.I)
+_FOOTER = re.compile(r"^\s*(?:©|\(c\)|copyright\b)", re.I)
+_LEADERS = re.compile(r"^(\s*(?:[-*+\u2022]\s+)?[A-Za-z][^.\n]*?)\s*(?:\.{4,}|…{2,}|_{4,})\s*(\S.*)$")
+#: A transcript's time stamp at a line's start ("[00:31] Right, where we are.").
+_STAMP = re.compile(r"^\s*\[\d{1,2}:\d{2}(?::\d{2})?\]\s*")
+
+
+def _page_chrome(text: str) -> str:
+    """``text`` without a pasted page's menu, links and footer, a price list's dot leaders as ``key: value`` lines, and
+    a transcript's time stamps dropped."""
+    out = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        menu = _MENU.match(line) and "|" not in next((ln for ln in lines[i + 1:i + 4] if ln.strip()), "")
+        # (not a table's header over its rows)
+        if menu or _LINK.match(line) or _FOOTER.match(line):
+            continue
+        line = _STAMP.sub("", line)
+        if m := _LEADERS.match(line):
+            line = f"{m.group(1)}: {m.group(2)}"
+        out.append(line)
+    return "\n".join(out)
 
 
 _INI_SECTION = re.compile(r"^\s*\[([A-Za-z][^\]\n]{0,40})\]\s*$")

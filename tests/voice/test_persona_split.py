@@ -399,8 +399,9 @@ def test_a_deep_or_huge_nesting_is_read_through_and_its_keys_stay_short():
     assert split_instructions('{"a": ' * 900 + "1" + "}" * 900).facts == (("A", "1"),)
 
 
-_LINE = st.tuples(st.integers(0, 6), st.sampled_from(["", "- ", "* ", "1. ", "[", "{", "\"", "## "]),
-                  st.text(alphabet="abc_ :=$#-[]{}\"'09,.", max_size=20))
+_LINE = st.tuples(st.integers(0, 6), st.sampled_from(["", "- ", "* ", "1. ", "[", "{", "\"", "## ", "<a>", "</a>", "<b n=\"x\">",
+                                                     "[00:12] ", "Home | A | B | C | "]),
+                  st.text(alphabet="abc_ :=$#-[]{}\"'09,.<>/|", max_size=20))
 
 
 @settings(max_examples=300, deadline=None)
@@ -420,3 +421,51 @@ def test_terse_key_dash_value_lines_are_pairs():
     assert ("", "We're open late - until 9 on Fridays") in facts  # a verb before the dash: a sentence's dash
     # one such line alone is a sentence with a dash in it
     assert split_instructions("Parking - free behind the shop.").facts == (("", "Parking - free behind the shop"),)
+
+
+def test_a_prompt_in_xml_tags_is_sections_and_keyed_facts():
+    text = ("<role>\nYou are Ada, who answers calls for Elm Orchard.\n</role>\n\n<rules>\n- Keep answers short.\n"
+            "- Only use what is inside <orchard_info>.\n</rules>\n\n<orchard_info>\n<owner>Sam Reed runs the orchard.</owner>\n"
+            "<picking>\n  <season>August to October.</season>\n  <fruit name=\"apples\">$3 per kg.</fruit>\n"
+            "  <parking>Free, behind the barn &amp; shop.</parking>\n</picking>\n</orchard_info>")
+    parsed = split_instructions(text)
+    assert "Ada" in parsed.intro
+    assert parsed.rules == ("Keep answers short.", "Only use what is inside <orchard_info>.")  # a tag named mid-line: text
+    assert set(parsed.facts) >= {("Owner", "Sam Reed runs the orchard"), ("Picking season", "August to October"),
+                                 ("Picking apples fruit", "$3 per kg"), ("Picking parking", "Free, behind the barn & shop")}
+    assert not any("<" in k + v for k, v in parsed.facts)
+
+
+@pytest.mark.parametrize("text", [
+    "<a>\n<b>one</b>\n</c>",  # tags that do not nest
+    "<a>\n<b>one</b>\n",  # one never closed
+    "Use <b>bold</b> words.\n<note>x",
+])
+def test_tags_that_do_not_nest_are_left_as_text(text):
+    parsed = split_instructions(text)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in parsed.facts) and parsed.facts
+
+
+def test_a_pasted_web_page_loses_its_menu_links_and_footer_and_reads_its_price_list():
+    text = ("You answer calls for Ash Sweeps.\n\nHome | Services | Prices | FAQ | Contact\n\nOUR PRICES\n"
+            "Standard sweep ........ $85\nSmoke test ........ $60\nRead more »\n\n© 2025 Ash Sweeps Ltd | Privacy\n")
+    facts = split_instructions(text).facts
+    assert ("Standard sweep", "$85") in facts and ("Smoke test", "$60") in facts
+    assert not any(w in k + v for k, v in facts for w in ("Home", "Read more", "©", "Privacy"))
+    # a table's header between bars is no menu: its rows follow
+    table = "Prices:\n- Size | Price | Time\n- Small dog | $40 | 1 hour\n- Large dog | $75 | 2 hours"
+    assert ("Small dog", "$40, time 1 hour") in split_instructions(table).facts
+
+
+def test_a_transcripts_time_stamps_are_dropped():
+    text = "[00:00] You're Jo, you answer for Kart Hub.\n[00:31] Parking is free out front.\n[01:02:15] Helmets are free."
+    facts = split_instructions(text).facts
+    assert ("", "Parking is free out front") in facts and ("", "Helmets are free") in facts
+    assert not any("[" in v for _, v in facts)
+
+
+def test_xml_nested_past_the_stack_or_huge_is_read_quickly():
+    deep = "<a>\n" * 5000 + "<b>$5</b>\n" + "</a>\n" * 5000
+    assert split_instructions(deep).facts  # the text as it is, no error
+    wide = "<info>\n" + "".join(f"<item{i}>Price {i} is ${i}.</item{i}>\n" for i in range(3000)) + "</info>"
+    assert len(split_instructions(wide).facts) == 3000
