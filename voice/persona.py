@@ -211,8 +211,10 @@ def split_instructions(text: str) -> Instructions:
             lines += _inline_pairs(line)
     lines = [part for ln in lines for part in _key_over_paragraph(ln)]
     pairs = [m.groups() for ln in lines if (m := _KEY_VALUE.match(ln)) and not _NOT_A_KEY.match(m.group(1))]
-    prose = " ".join(_end(ln) for ln in lines if not (m := _KEY_VALUE.match(ln)) or _NOT_A_KEY.match(m.group(1))
-                     if not ln.endswith(":"))
+    # the prose in order, a key: value line between two parts of it as None (a question before one leads into nothing:
+    # a FAQ's "How often should it be swept?" over "Wood burners: twice a year.")
+    prose = [None if (m := _KEY_VALUE.match(ln)) and not _NOT_A_KEY.match(m.group(1)) else _end(ln)
+             for ln in lines if not ln.endswith(":")]
     for k, v in pairs:
         k, v = k.strip(), v.strip().rstrip(".")
         if _ROLE_KEY.match(k):  # "Role: phone assistant for Thunder Lanes." says who the assistant is
@@ -223,7 +225,10 @@ def split_instructions(text: str) -> Instructions:
         else:
             facts.append((k, v))
     lead = ""  # a question that leads into the next sentence ("Arriving after hours? Use the drop box.") is part of it
-    for s in sentences(prose):
+    for s in (s for part in prose for s in ([None] if part is None else sentences(part))):
+        if s is None:
+            lead = ""
+            continue
         if s.endswith("?"):
             lead += s + " "
             continue
@@ -279,7 +284,8 @@ def _sections(text: str) -> list[tuple[str, str]]:
 
 def _key_over_paragraph(line: str) -> list[str]:
     """A ``key: value`` line whose value runs to three sentences or more, as the lines it states: the key with its first
-    sentence, the rest as prose ("Where we are: 9 Ropewalk Yard. Our number is 555-0100. ..."); where that first
+    sentence, the rest as prose ("Where we are: 9 Ropewalk Yard. Our number is 555-0100. ..."), but for a few words
+    with no subject and verb, which are the key's too ("Farm shop: Open all year. Cash and card. ..."); where that first
     sentence is a whole one, with its own subject and verb, the key was a heading and every sentence is prose ("Our
     prices: shortening trousers costs $16 a pair. A new zip is $18. ...").  Any other line as it is (a value of one or
     two sentences stays the key's: "Parking: free lot behind us. Overflow on Elm Street.")."""
@@ -291,7 +297,12 @@ def _key_over_paragraph(line: str) -> list[str]:
         return [line]
     if not re.match(r"[$£€\d]", said[0]) and _has_subject_and_verb(said[0]):  # (not "$110 a month for open studio time")
         return [" ".join(_end(x) for x in said)]
-    return [f"{m.group(1).strip()}: {said[0].rstrip('.')}", " ".join(_end(x) for x in said[1:])]
+    key = m.group(1).strip()
+    out = [f"{key}: {said[0].rstrip('.')}"]
+    for x in said[1:]:  # a few words with no subject and verb of their own are the key's too ("Cash and card.")
+        fragment = len(x.split()) <= 5 and not _has_subject_and_verb(x) and not _RULE.match(x)
+        out.append(f"{key}: {x.rstrip('.')}" if fragment else _end(x))
+    return out
 
 
 def _table_cells(line: str) -> list[str] | None:

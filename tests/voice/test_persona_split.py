@@ -301,9 +301,13 @@ def test_a_key_over_a_paragraph_keeps_its_first_sentence_or_heads_prose():
     assert heading.facts[-3:] == (("", "Shortening trousers costs $16 a pair"), ("", "A new zip is $18"),
                                   ("", "Taking in a jacket starts from $45"))
     keyed = split_instructions("You are Ava at Tidewater.\n\nMinimum age: 12. Children 5 to 11 ride with an adult. "
-                               "Under 5s stay ashore.\nParking: free lot behind us. Overflow on Elm Street.")
-    assert keyed.facts[-4:] == (("Minimum age", "12"), ("Parking", "free lot behind us. Overflow on Elm Street"),
-                                ("", "Children 5 to 11 ride with an adult"), ("", "Under 5s stay ashore"))
+                               "Under 5s stay ashore.\nParking: free lot behind us. Overflow on Elm Street.\n"
+                               "Farm shop: Open all year. Cash and card. Our eggs are $3 a box.")
+    # the few words after a key's first sentence that state nothing alone are the key's ("Cash and card.")
+    assert keyed.facts[-7:] == (("Minimum age", "12"), ("Minimum age", "Under 5s stay ashore"),
+                                ("Parking", "free lot behind us. Overflow on Elm Street"), ("Farm shop", "Open all year"),
+                                ("Farm shop", "Cash and card"), ("", "Children 5 to 11 ride with an adult"),
+                                ("", "Our eggs are $3 a box"))
 
 
 CONFIG = """assistant: Rory
@@ -469,3 +473,12 @@ def test_xml_nested_past_the_stack_or_huge_is_read_quickly():
     assert split_instructions(deep).facts  # the text as it is, no error
     wide = "<info>\n" + "".join(f"<item{i}>Price {i} is ${i}.</item{i}>\n" for i in range(3000)) + "</info>"
     assert len(split_instructions(wide).facts) == 3000
+
+
+def test_a_question_over_key_value_lines_leads_into_nothing_after_them():
+    text = ("You answer for Ash Sweeps.\nFAQ\n+ How often should it be swept?\nWood burners: twice a year.\n"
+            "+ Can you remove a nest?\nNesting birds are protected by law, so we wait for the autumn.")
+    facts = split_instructions(text).facts
+    assert ("Wood burners", "twice a year") in facts
+    assert ("", "Can you remove a nest? Nesting birds are protected by law, so we wait for the autumn") in facts
+    assert not any("How often" in v for _, v in facts)
