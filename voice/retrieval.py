@@ -147,9 +147,10 @@ OFF_TOPIC_MARGIN = 0.1
 #: The topic head (``TopicHead``, trained by ``voice.topic_train`` on ``topic_corpus.json``: questions callers ask a
 #: business about itself, and questions no business's facts answer, written for it and in none of bench/personas):
 #: P(a question is about no business) from its vector.  A question is declined when the head is at least
-#: ``TOPIC_SURE`` sure and no fact's similarity reaches ``TOPIC_FACT_BELOW``, unless it leans on the question before it
-#: (a follow-up is about what was asked before).  Chosen on own..heldout18 (832 fact and 175 off-topic questions; the
-#: head was trained on none of them); BENCHMARKS.md has the figures and heldout19's clean run.
+#: ``TOPIC_SURE`` sure and no fact's similarity reaches ``TOPIC_FACT_BELOW``, unless it is a short follow-up that leans
+#: on the question before it (``follow_up``: it is about what was asked before).  Chosen on own..heldout18 (832 fact
+#: and 175 off-topic questions; the head was trained on none of them); BENCHMARKS.md has the figures and heldout19's
+#: clean run.
 TOPIC_HEAD_PATH = Path(__file__).with_name("topic_head.npz")
 TOPIC_SURE = 0.95
 TOPIC_FACT_BELOW = 0.3
@@ -460,16 +461,16 @@ _topic_heads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def topic_head(model, path: Path = TOPIC_HEAD_PATH) -> TopicHead | None:
-    """The committed topic head when it was trained on ``model``'s vectors (None for another model, or none saved);
-    loaded once per model."""
-    try:
+    """The topic head saved at ``path`` (the committed one by default) when it was trained on ``model``'s vectors, else
+    None (another model, or none saved); the committed one is loaded once per model."""
+    committed = path == TOPIC_HEAD_PATH
+    if committed and model in _topic_heads:
         return _topic_heads[model]
-    except KeyError:
-        pass
     head = TopicHead.load(path) if path.is_file() else None
     if head is not None and (head.model_id != getattr(model, "model_id", None) or head.weights.shape[0] != model.dim):
         head = None
-    _topic_heads[model] = head
+    if committed:
+        _topic_heads[model] = head
     return head
 
 

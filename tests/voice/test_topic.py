@@ -140,3 +140,13 @@ def test_training_is_deterministic_and_separates_its_corpus(model, tmp_path):
 
 def test_minilm_names_its_model(model):
     assert isinstance(model, MiniLM) and model.model_id.startswith("all-MiniLM-L6-v2")
+
+
+def test_a_head_from_another_file_is_read_from_that_file(model, tmp_path):
+    path = tmp_path / "head.npz"
+    TopicHead(weights=np.zeros(model.dim), bias=3.0, mean=np.zeros(model.dim), scale=np.ones(model.dim),
+              model_id=model.model_id, info={"made": "here"}).save(path)
+    assert topic_head(model) is not None  # the committed one, cached
+    mine = topic_head(model, path)
+    assert mine.info == {"made": "here"} and mine.p_general(model.embed_one("Are you open?")) > 0.95
+    assert topic_head(model).info != mine.info  # the cache holds the committed head only
