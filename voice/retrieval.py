@@ -14,7 +14,6 @@ never on the held-apart ones.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import weakref
@@ -23,6 +22,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from . import head_file
 
 #: Whether any fact answers a question (else it is off-topic, and declined): the best fact's similarity reaches
 #: ``SURE_SCORE``, or reaches ``MIN_SCORE`` and the fact is of the kind of answer asked for (``ANSWER_TYPES``) or shares
@@ -435,26 +436,15 @@ class TopicHead:
     info: dict  # how it was trained and how it scored (for reports)
 
     def p_general(self, vector: np.ndarray) -> float:
-        z = float(((vector - self.mean) / self.scale) @ self.weights + self.bias)
-        return float(1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0))))
+        return head_file.probability(self, vector)
 
     def save(self, path: Path) -> None:
-        np.savez(path, weights=self.weights, bias=np.float64(self.bias), mean=self.mean, scale=self.scale,
-                 model_id=np.array(self.model_id), info=np.array(json.dumps(self.info)))
+        head_file.save(self, path, "model_id")
 
     @classmethod
     def load(cls, path: Path) -> TopicHead:
         """A head file; raises ``ValueError`` naming the file when it cannot be used."""
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                head = cls(weights=z["weights"].astype(np.float64), bias=float(z["bias"]), mean=z["mean"].astype(np.float64),
-                           scale=z["scale"].astype(np.float64), model_id=str(z["model_id"]), info=json.loads(str(z["info"])))
-        except (OSError, KeyError, ValueError, EOFError) as exc:
-            raise ValueError(f"bad topic head {path}: {exc}") from None
-        n = head.weights.shape[0]
-        if head.weights.ndim != 1 or head.mean.shape != (n,) or head.scale.shape != (n,) or not np.all(head.scale > 0):
-            raise ValueError(f"bad topic head {path}: inconsistent shapes")
-        return head
+        return head_file.load(cls, path, "model_id", "topic head")
 
 
 _topic_heads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

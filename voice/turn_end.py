@@ -24,13 +24,14 @@ unfinished turn waits up to about a second, anything else waits the plain silenc
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from . import head_file
 
 #: The head trained for the default model (``python -m voice.turn_end_train`` writes it).
 HEAD_PATH = Path(__file__).with_name("turn_end_head.npz")
@@ -55,26 +56,15 @@ class TurnEndHead:
     info: dict  # how it was trained and how it scored (for reports)
 
     def p_end(self, features: np.ndarray) -> float:
-        z = float(((features - self.mean) / self.scale) @ self.weights + self.bias)
-        return float(1.0 / (1.0 + np.exp(-np.clip(z, -40.0, 40.0))))
+        return head_file.probability(self, features)
 
     def save(self, path: Path) -> None:
-        np.savez(path, weights=self.weights, bias=np.float64(self.bias), mean=self.mean, scale=self.scale,
-                 model_key=np.array(self.model_key), info=np.array(json.dumps(self.info)))
+        head_file.save(self, path, "model_key")
 
     @classmethod
     def load(cls, path: Path) -> TurnEndHead:
         """A head file; raises ``ValueError`` naming the file when it cannot be used."""
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                head = cls(weights=z["weights"].astype(np.float64), bias=float(z["bias"]), mean=z["mean"].astype(np.float64),
-                           scale=z["scale"].astype(np.float64), model_key=str(z["model_key"]), info=json.loads(str(z["info"])))
-        except (OSError, KeyError, ValueError) as exc:
-            raise ValueError(f"bad turn-end head {path}: {exc}") from None
-        n = head.weights.shape[0]
-        if head.weights.ndim != 1 or head.mean.shape != (n,) or head.scale.shape != (n,) or not np.all(head.scale > 0):
-            raise ValueError(f"bad turn-end head {path}: inconsistent shapes")
-        return head
+        return head_file.load(cls, path, "model_key", "turn-end head")
 
 
 def scoring_context(llm) -> list[dict]:
