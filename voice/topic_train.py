@@ -4,7 +4,7 @@
 
 The corpus (``topic_corpus.json``) is two lists of questions written for this head and for nothing else: ``business``,
 what callers ask a local business about itself (prices, hours, parking, booking, staff, what it does, its rules) over
-more than a hundred kinds of business, and ``general``, what callers drift into that no business's facts answer
+many kinds of business, and ``general``, what callers drift into that no business's facts answer
 (general knowledge, sums, words, weather, sport, news, advice on their own home, health, money or papers,
 recommendations, chit-chat, songs and jokes).  Many questions on both sides share their form ("Who runs it?" and "Who
 won it?", "How do I book?" and "How do I fix it?"), so what tells them apart is the topic.  None of it comes from
