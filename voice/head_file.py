@@ -6,8 +6,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
+
+
+class HeadFile:
+    """What a head dataclass (fields ``weights``, ``bias``, ``mean``, ``scale``, ``info`` and its ``TIE``) gets from
+    this file format: ``probability``, ``save`` and ``load``."""
+
+    __slots__ = ()
+    #: the field naming what the head is tied to, and what the head is called in errors
+    TIE: ClassVar[str]
+    WHAT: ClassVar[str]
+
+    def probability(self, features: np.ndarray) -> float:
+        return probability(self, features)
+
+    def save(self, path: Path) -> None:
+        save(self, path, self.TIE)
+
+    @classmethod
+    def load(cls, path: Path):
+        """A head file; raises ``ValueError`` naming the file when it cannot be used."""
+        return load(cls, path, cls.TIE, cls.WHAT)
 
 
 def probability(head, features: np.ndarray) -> float:

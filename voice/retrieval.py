@@ -20,6 +20,7 @@ import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -425,8 +426,12 @@ class FactIndex:
 
 
 @dataclass(frozen=True, slots=True)
-class TopicHead:
-    """Logistic regression over a question's embedding (standardized): P(it is about no business at all)."""
+class TopicHead(head_file.HeadFile):
+    """Logistic regression over a question's embedding (standardized): P(it is about no business at all) (its file:
+    ``voice.head_file``)."""
+
+    TIE: ClassVar[str] = "model_id"
+    WHAT: ClassVar[str] = "topic head"
 
     weights: np.ndarray  # (dim,) f64
     bias: float
@@ -436,15 +441,7 @@ class TopicHead:
     info: dict  # how it was trained and how it scored (for reports)
 
     def p_general(self, vector: np.ndarray) -> float:
-        return head_file.probability(self, vector)
-
-    def save(self, path: Path) -> None:
-        head_file.save(self, path, "model_id")
-
-    @classmethod
-    def load(cls, path: Path) -> TopicHead:
-        """A head file; raises ``ValueError`` naming the file when it cannot be used."""
-        return head_file.load(cls, path, "model_id", "topic head")
+        return self.probability(vector)
 
 
 _topic_heads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

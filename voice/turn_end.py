@@ -28,6 +28,7 @@ import re
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -45,8 +46,11 @@ def model_key(model) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class TurnEndHead:
-    """Logistic regression over ``[hidden (d_model), log P(end token)]``, standardized."""
+class TurnEndHead(head_file.HeadFile):
+    """Logistic regression over ``[hidden (d_model), log P(end token)]``, standardized (its file: ``voice.head_file``)."""
+
+    TIE: ClassVar[str] = "model_key"
+    WHAT: ClassVar[str] = "turn-end head"
 
     weights: np.ndarray  # (d_model + 1,) f64
     bias: float
@@ -56,15 +60,7 @@ class TurnEndHead:
     info: dict  # how it was trained and how it scored (for reports)
 
     def p_end(self, features: np.ndarray) -> float:
-        return head_file.probability(self, features)
-
-    def save(self, path: Path) -> None:
-        head_file.save(self, path, "model_key")
-
-    @classmethod
-    def load(cls, path: Path) -> TurnEndHead:
-        """A head file; raises ``ValueError`` naming the file when it cannot be used."""
-        return head_file.load(cls, path, "model_key", "turn-end head")
+        return self.probability(features)
 
 
 def scoring_context(llm) -> list[dict]:
